@@ -1,0 +1,58 @@
+// Package policy runs per-device validation policies as sandboxed
+// WebAssembly plugins (POLICY_ABI.md), with wazero.
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// DeviceRef names the device a command is for.
+type DeviceRef struct {
+	ID   string `json:"id"`
+	Type string `json:"type"`
+}
+
+// CommandView is the part of a command a policy sees.
+type CommandView struct {
+	OpID   string          `json:"op_id"`
+	Fence  int64           `json:"fence"`
+	Action string          `json:"action"`
+	Params json.RawMessage `json:"params"`
+	Holder string          `json:"holder,omitempty"`
+}
+
+// Input is the JSON document passed to policy_eval (POLICY_ABI.md, Input).
+type Input struct {
+	Device    DeviceRef                  `json:"device"`
+	Command   CommandView                `json:"command"`
+	State     json.RawMessage            `json:"state"`
+	Group     map[string]json.RawMessage `json:"group,omitempty"`
+	LastFence int64                      `json:"last_fence"`
+	Now       time.Time                  `json:"now"`
+}
+
+// Decision is a plugin's answer. Params is non-nil only when an allowing
+// plugin replaced the command's parameters.
+type Decision struct {
+	Allow  bool            `json:"allow"`
+	Reason string          `json:"reason,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+}
+
+// Evaluator decides commands for devices. Evaluate returns an error when
+// the policy could not decide (trap, timeout, bad output...): the caller
+// must then reject the command policy_error (fail closed). A device with
+// no policy bound is allowed unchanged.
+type Evaluator interface {
+	Evaluate(ctx context.Context, device string, in Input) (Decision, error)
+}
+
+// AllowAll is the Evaluator for an agent with no policies.
+type AllowAll struct{}
+
+// Evaluate allows every command unchanged.
+func (AllowAll) Evaluate(context.Context, string, Input) (Decision, error) {
+	return Decision{Allow: true}, nil
+}

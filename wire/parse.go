@@ -1,0 +1,304 @@
+package wire
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// maxDepth bounds JSON nesting, so a hostile payload cannot exhaust the stack.
+const maxDepth = 64
+
+// ParseError is returned by ParseCommand for an invalid command. It carries
+// whatever could be read of the command, so that the `invalid` Result can
+// echo op_id and fence and go to reply_to when those were readable.
+type ParseError struct {
+	Reason  string // one sentence naming the field and the problem
+	OpID    string // "" when unreadable
+	Fence   int64  // 0 when unreadable
+	ReplyTo string // "" when unreadable or itself invalid
+}
+
+func (e *ParseError) Error() string { return "wire: invalid command: " + e.Reason }
+
+// ParseCommand decodes and validates one Command payload (PROTOCOL.md §1).
+// Every failure is a *ParseError.
+func ParseCommand(payload []byte) (Command, error) {
+	var c Command
+	if len(payload) > MaxCommandSize {
+		return c, &ParseError{Reason: fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(payload), MaxCommandSize)}
+	}
+	if !utf8.Valid(payload) {
+		return c, &ParseError{Reason: "payload is not valid UTF-8"}
+	}
+	if err := checkJSON(payload); err != nil {
+		return c, &ParseError{Reason: err.Error()}
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &raw); err != nil {
+		return c, &ParseError{Reason: "payload is not a JSON object"}
+	}
+	pe := &ParseError{}
+	// Read what can be echoed first, so every later error carries it.
+	if v, ok := raw["op_id"]; ok {
+		var s string
+		if json.Unmarshal(v, &s) == nil && ValidOpID(s) {
+			pe.OpID = s
+		}
+	}
+	if v, ok := raw["fence"]; ok {
+		if f, err := parseFence(v); err == nil {
+			pe.Fence = f
+		}
+	}
+	if v, ok := raw["reply_to"]; ok {
+		var s string
+		if json.Unmarshal(v, &s) == nil && ValidPublishTopic(s) {
+			pe.ReplyTo = s
+		}
+	}
+	fail := func(format string, a ...any) (Command, error) {
+		pe.Reason = fmt.Sprintf(format, a...)
+		return Command{}, pe
+	}
+
+	c.V = Version
+	if v, ok := raw["v"]; ok {
+		if string(v) != "1" {
+			return fail("v must be 1, got %s", clip(v))
+		}
+	}
+	v, ok := raw["op_id"]
+	if !ok {
+		return fail("op_id is required")
+	}
+	if err := json.Unmarshal(v, &c.OpID); err != nil {
+		return fail("op_id must be a string")
+	}
+	if !ValidOpID(c.OpID) {
+		return fail("op_id %q must match [A-Za-z0-9._:-]{1,128}", clip([]byte(c.OpID)))
+	}
+	v, ok = raw["fence"]
+	if !ok {
+		return fail("fence is required")
+	}
+	f, err := parseFence(v)
+	if err != nil {
+		return fail("%v", err)
+	}
+	c.Fence = f
+	v, ok = raw["action"]
+	if !ok {
+		return fail("action is required")
+	}
+	if err := json.Unmarshal(v, &c.Action); err != nil {
+		return fail("action must be a string")
+	}
+	if !ValidAction(c.Action) {
+		return fail("action %q must match [a-z][a-z0-9_]{0,63}", clip([]byte(c.Action)))
+	}
+	if v, ok := raw["params"]; ok && string(v) != "null" {
+		t := bytes.TrimLeft(v, " \t\r\n")
+		if len(t) == 0 || t[0] != '{' {
+			return fail("params must be a JSON object")
+		}
+		c.Params = append(json.RawMessage(nil), v...)
+	}
+	for _, k := range []struct {
+		name string
+		dst  *string
+	}{{"lock", &c.Lock}, {"holder", &c.Holder}, {"reply_to", &c.ReplyTo}} {
+		if v, ok := raw[k.name]; ok && string(v) != "null" {
+			if err := json.Unmarshal(v, k.dst); err != nil {
+				return fail("%s must be a string", k.name)
+			}
+		}
+	}
+	if c.ReplyTo != "" && !ValidPublishTopic(c.ReplyTo) {
+		return fail("reply_to %q is not a topic that can be published to (no + or #)", clip([]byte(c.ReplyTo)))
+	}
+	if v, ok := raw["expires_at"]; ok && string(v) != "null" {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return fail("expires_at must be an RFC 3339 string")
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return fail("expires_at %q is not an RFC 3339 time", clip([]byte(s)))
+		}
+		c.ExpiresAt = &t
+	}
+	return c, nil
+}
+
+func parseFence(v json.RawMessage) (int64, error) {
+	s := string(v)
+	if s == "" || strings.ContainsAny(s, ".eE\"") || (s[0] != '-' && (s[0] < '0' || s[0] > '9')) {
+		return 0, fmt.Errorf("fence must be an integer from 1 to 2^63-1, got %s", clip(v))
+	}
+	f, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || f < 1 {
+		return 0, fmt.Errorf("fence must be an integer from 1 to 2^63-1, got %s", clip(v))
+	}
+	return f, nil
+}
+
+func clip(b []byte) string {
+	if len(b) > 40 {
+		return string(b[:40]) + "..."
+	}
+	return string(b)
+}
+
+// checkJSON verifies that b is exactly one JSON value with no duplicate
+// object keys at any depth and nesting of at most maxDepth.
+func checkJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := walk(dec, 0); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("payload has data after the JSON value")
+	}
+	return nil
+}
+
+func walk(dec *json.Decoder, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("JSON nesting deeper than %d", maxDepth)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("payload is not valid JSON: %v", err)
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return nil
+	}
+	switch d {
+	case '{':
+		seen := map[string]bool{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return fmt.Errorf("payload is not valid JSON: %v", err)
+			}
+			k := kt.(string)
+			if seen[k] {
+				return fmt.Errorf("duplicate key %q", clip([]byte(k)))
+			}
+			seen[k] = true
+			if err := walk(dec, depth+1); err != nil {
+				return err
+			}
+		}
+	case '[':
+		for dec.More() {
+			if err := walk(dec, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("payload is not valid JSON: %v", err)
+	}
+	return nil
+}
+
+// Canonical returns a canonical encoding of the JSON value b: object keys
+// sorted, insignificant space removed and numbers written in one exact form,
+// so two values compare equal as JSON values exactly when their canonical
+// forms are equal. An empty b is the empty object.
+func Canonical(b []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(b)) == 0 || string(bytes.TrimSpace(b)) == "null" {
+		return []byte("{}"), nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("wire: canonical: %w", err)
+	}
+	var buf bytes.Buffer
+	writeCanonical(&buf, v)
+	return buf.Bytes(), nil
+}
+
+func writeCanonical(buf *bytes.Buffer, v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		buf.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			kb, _ := json.Marshal(k)
+			buf.Write(kb)
+			buf.WriteByte(':')
+			writeCanonical(buf, x[k])
+		}
+		buf.WriteByte('}')
+	case []any:
+		buf.WriteByte('[')
+		for i, e := range x {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			writeCanonical(buf, e)
+		}
+		buf.WriteByte(']')
+	case json.Number:
+		buf.WriteString(canonicalNumber(string(x)))
+	default:
+		b, _ := json.Marshal(x)
+		buf.Write(b)
+	}
+}
+
+// canonicalNumber writes a JSON number as an exact fraction, so 1, 1.0 and
+// 1e0 are one value. Exponents too large to expand cheaply keep a
+// normalised literal form instead (bounded work on hostile input).
+func canonicalNumber(s string) string {
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		if e, err := strconv.Atoi(s[i+1:]); err != nil || e > 400 || e < -400 {
+			return strings.ToLower(s)
+		}
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return s
+	}
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	return r.String()
+}
+
+// ContentHash identifies a command's content for op_conflict: action and
+// params compared as JSON values.
+func ContentHash(action string, params []byte) ([]byte, error) {
+	cp, err := Canonical(params)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	h.Write([]byte(action))
+	h.Write([]byte{0})
+	h.Write(cp)
+	return h.Sum(nil), nil
+}

@@ -1,0 +1,127 @@
+// Package wire holds the external contract of PROTOCOL.md in code: the MQTT
+// topics, the Command, Result and DeviceState payloads, and the result
+// codes. The agent, the controller side, edgectl and the tests all import
+// it, so the contract has exactly one definition.
+package wire
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Version is the only schema version that exists.
+const Version = 1
+
+// MaxCommandSize is the largest Command payload accepted, in bytes.
+const MaxCommandSize = 64 << 10
+
+// ActionFence is the reserved barrier action: it raises last_fence without
+// touching the device.
+const ActionFence = "fence"
+
+// Status is the coarse outcome of a command.
+type Status string
+
+// The four statuses of PROTOCOL.md §1.
+const (
+	StatusApplied  Status = "applied"
+	StatusRejected Status = "rejected"
+	StatusFailed   Status = "failed"
+	StatusUnknown  Status = "unknown"
+)
+
+// Code is the machine-readable reason of a Result.
+type Code string
+
+// The result codes of PROTOCOL.md §1.
+const (
+	CodeOK                Code = "ok"
+	CodeInvalid           Code = "invalid"
+	CodeUnknownDevice     Code = "unknown_device"
+	CodeStaleFence        Code = "stale_fence"
+	CodeLockMismatch      Code = "lock_mismatch"
+	CodeOpConflict        Code = "op_conflict"
+	CodePolicyDenied      Code = "policy_denied"
+	CodePolicyError       Code = "policy_error"
+	CodeExpired           Code = "expired"
+	CodeBusy              Code = "busy"
+	CodeDeviceError       Code = "device_error"
+	CodeDeviceUnreachable Code = "device_unreachable"
+	CodeNotApplied        Code = "not_applied"
+	CodeOutcomeUnknown    Code = "outcome_unknown"
+)
+
+// StatusOf returns the status that goes with a code.
+func StatusOf(c Code) Status {
+	switch c {
+	case CodeOK:
+		return StatusApplied
+	case CodeDeviceError, CodeDeviceUnreachable, CodeNotApplied:
+		return StatusFailed
+	case CodeOutcomeUnknown:
+		return StatusUnknown
+	default:
+		return StatusRejected
+	}
+}
+
+// Codes lists every code, for metrics and documentation.
+var Codes = []Code{CodeOK, CodeInvalid, CodeUnknownDevice, CodeStaleFence,
+	CodeLockMismatch, CodeOpConflict, CodePolicyDenied, CodePolicyError,
+	CodeExpired, CodeBusy, CodeDeviceError, CodeDeviceUnreachable,
+	CodeNotApplied, CodeOutcomeUnknown}
+
+// Command is what a controller publishes on a device's cmd topic.
+type Command struct {
+	V         int             `json:"v,omitempty"`
+	OpID      string          `json:"op_id"`
+	Fence     int64           `json:"fence"`
+	Action    string          `json:"action"`
+	Params    json.RawMessage `json:"params,omitempty"`
+	Lock      string          `json:"lock,omitempty"`
+	Holder    string          `json:"holder,omitempty"`
+	ReplyTo   string          `json:"reply_to,omitempty"`
+	ExpiresAt *time.Time      `json:"expires_at,omitempty"`
+}
+
+// Result is the agent's answer to one command.
+type Result struct {
+	V         int             `json:"v"`
+	OpID      string          `json:"op_id,omitempty"`
+	Device    string          `json:"device"`
+	Fence     int64           `json:"fence,omitempty"`
+	Status    Status          `json:"status"`
+	Code      Code            `json:"code"`
+	Reason    string          `json:"reason"`
+	LastFence int64           `json:"last_fence"`
+	Duplicate bool            `json:"duplicate"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	At        time.Time       `json:"at"`
+}
+
+// Final reports whether the Result ends its operation (anything but unknown).
+func (r Result) Final() bool { return r.Status != StatusUnknown }
+
+// DeviceState is the retained per-device state message.
+type DeviceState struct {
+	Device    string          `json:"device"`
+	LastFence int64           `json:"last_fence"`
+	LastOpID  string          `json:"last_op_id"`
+	State     json.RawMessage `json:"state"`
+	At        time.Time       `json:"at"`
+}
+
+// GatewayStatus is the retained payload of the status topic.
+type GatewayStatus struct {
+	State   string `json:"state"`
+	Version string `json:"version,omitempty"`
+}
+
+// DeviceInfo is one row of the admin API's GET /v1/devices.
+type DeviceInfo struct {
+	Device     string `json:"device"`
+	LastFence  int64  `json:"last_fence"`
+	LastOpID   string `json:"last_op_id"`
+	QueueDepth int    `json:"queue_depth"`
+	Pending    int    `json:"pending"`
+}
