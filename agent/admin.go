@@ -1,0 +1,235 @@
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// Device returns the admin view of one device.
+func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
+	rt := a.devs[dev]
+	if rt == nil {
+		return wire.DeviceInfo{}, fmt.Errorf("%w: %s", ErrUnknownDevice, dev)
+	}
+	var d store.Device
+	if err := a.st.View(func(tx *store.Tx) error {
+		var err error
+		d, _, err = tx.Device(dev)
+		return err
+	}); err != nil {
+		return wire.DeviceInfo{}, err
+	}
+	// Queue depth is the worker's (a group shares one queue).
+	return wire.DeviceInfo{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID,
+		QueueDepth: int(rt.w.depth.Load()), Pending: int(rt.pending.Load())}, nil
+}
+
+// OpResult returns the recorded outcome of (dev, op) as a Result.
+func (a *Agent) OpResult(dev, op string) (wire.Result, error) {
+	rt := a.devs[dev]
+	if rt == nil {
+		return wire.Result{}, fmt.Errorf("%w: %s", ErrUnknownDevice, dev)
+	}
+	var o store.Op
+	var ok bool
+	if err := a.st.View(func(tx *store.Tx) error {
+		var err error
+		o, ok, err = tx.Op(dev, op)
+		return err
+	}); err != nil {
+		return wire.Result{}, err
+	}
+	if !ok || (o.Status != store.OpFinal && o.Status != store.OpUnknown) {
+		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNoSuchOp, dev, op)
+	}
+	return resultOf(o, rt.lastFence.Load(), false), nil
+}
+
+// Resolve records an operator's answer for an unknown write on a device that
+// cannot be asked (queryable: false): applied ends it applied/ok; not
+// applied ends it failed/not_applied, never resent (invariant 6).
+func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool) (wire.Result, error) {
+	rt := a.devs[dev]
+	if rt == nil {
+		return wire.Result{}, fmt.Errorf("%w: %s", ErrUnknownDevice, dev)
+	}
+	if rt.drv.Queryable(dev) {
+		return wire.Result{}, fmt.Errorf("%w: %s", ErrQueryable, dev)
+	}
+	code, reason := wire.CodeNotApplied, "an operator resolved the unknown write: it did not happen; it is not resent"
+	if applied {
+		code, reason = wire.CodeOK, "an operator resolved the unknown write: it was applied"
+	}
+	var res wire.Result
+	var d store.Device
+	var missing, notUnknown bool
+	now := a.now().UTC()
+	err := a.st.Update(ctx, func(tx *store.Tx) error {
+		o, ok, err := tx.Op(dev, op)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			missing = true
+			return nil
+		}
+		if o.Status != store.OpUnknown {
+			notUnknown = true
+			return nil
+		}
+		if d, _, err = tx.Device(dev); err != nil {
+			return err
+		}
+		if applied {
+			d.LastOpID = op
+		}
+		d.UpdatedAt = now
+		if err := tx.PutDevice(dev, d); err != nil {
+			return err
+		}
+		o.Status, o.Result, o.Code, o.Reason, o.DecidedAt, o.Output = store.OpFinal, wire.StatusOf(code), code, reason, now, nil
+		if applied {
+			o.Output = json.RawMessage("{}")
+		}
+		if err := tx.PutOp(o); err != nil {
+			return err
+		}
+		res = resultOf(o, d.LastFence, false)
+		e, err := tx.OutboxAppend(store.Outbox{Topic: a.destination(o.ReplyTo, dev), Payload: mustJSON(res), Device: dev, OpID: op})
+		if err != nil {
+			return err
+		}
+		if err := tx.InboxDelete(o.Worker, o.InboxSeq); err != nil {
+			return err
+		}
+		tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
+		return nil
+	})
+	switch {
+	case err != nil:
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			a.fail(err)
+		}
+		return wire.Result{}, err
+	case missing:
+		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNoSuchOp, dev, op)
+	case notUnknown:
+		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNotUnknown, dev, op)
+	}
+	a.m.answered(code)
+	select {
+	case rt.w.resolve <- struct{}{}:
+	default:
+	}
+	return res, nil
+}
+
+// AdminOptions configure the admin HTTP API.
+type AdminOptions struct {
+	Token    string              // required as a Bearer token on POST when set
+	Ready    func() error        // nil error: ready
+	Gatherer prometheus.Gatherer // for /metrics; nil: the default
+}
+
+// AdminHandler serves PROTOCOL.md §3.
+func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
+	mux := http.NewServeMux()
+	g := o.Gatherer
+	if g == nil {
+		g = prometheus.DefaultGatherer
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if o.Ready != nil {
+			if err := o.Ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		w.Write([]byte("ready\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/devices", func(w http.ResponseWriter, r *http.Request) {
+		out := []wire.DeviceInfo{}
+		for _, id := range a.DeviceIDs() {
+			d, err := a.Device(id)
+			if err != nil {
+				httpErr(w, err)
+				return
+			}
+			out = append(out, d)
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("GET /v1/devices/{dev}", func(w http.ResponseWriter, r *http.Request) {
+		d, err := a.Device(r.PathValue("dev"))
+		if err != nil {
+			httpErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, d)
+	})
+	mux.HandleFunc("GET /v1/devices/{dev}/ops/{op}", func(w http.ResponseWriter, r *http.Request) {
+		res, err := a.OpResult(r.PathValue("dev"), r.PathValue("op"))
+		if err != nil {
+			httpErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("POST /v1/devices/{dev}/ops/{op}/resolve", func(w http.ResponseWriter, r *http.Request) {
+		if o.Token != "" {
+			got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if subtle.ConstantTimeCompare([]byte(got), []byte(o.Token)) != 1 {
+				writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Authorization: Bearer <admin.token> required"})
+				return
+			}
+		}
+		var body struct {
+			Applied *bool `json:"applied"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil || body.Applied == nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body must be {"applied": true|false}`})
+			return
+		}
+		res, err := a.Resolve(r.Context(), r.PathValue("dev"), r.PathValue("op"), *body.Applied)
+		if err != nil {
+			httpErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func httpErr(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrUnknownDevice), errors.Is(err, ErrNoSuchOp):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrQueryable), errors.Is(err, ErrNotUnknown):
+		code = http.StatusConflict
+	}
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}

@@ -1,0 +1,352 @@
+// Package agent is edge-agent's command path: intake (checks on arrival,
+// the durable inbox, acknowledgements in arrival order), one worker per
+// device or device group (lock, expiry, fence, policy, the device write,
+// unknown outcomes), recovery at start-up, and the outbox of Results.
+// The invariants it keeps are DESIGN.md's; the code that keeps each one
+// says so where it does.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/device"
+	"github.com/edge-agent/edge-agent/policy"
+	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// Publisher is the seam over the MQTT session: QoS 1 publishes that return
+// once the broker acknowledged them (or ctx ended).
+type Publisher interface {
+	Publish(ctx context.Context, topic string, payload []byte, retained bool) error
+}
+
+// Delivery is one message from the broker. Ack sends its PUBACK; the agent
+// calls it exactly once, in arrival order, after the command is durable in
+// the inbox or has been answered without entering it.
+type Delivery struct {
+	Topic    string
+	Payload  []byte
+	Retained bool
+	Ack      func()
+}
+
+// Options configure an Agent. Config, Store, Publisher and Drivers are
+// required; zero values of the rest mean the documented defaults.
+type Options struct {
+	Config    *config.Config
+	Store     *store.Store                    // started
+	Publisher Publisher                       // the MQTT session
+	Drivers   map[string]device.Driver        // per device ID
+	Policy    policy.Evaluator                // nil: allow everything
+	Logger    *slog.Logger                    // nil: slog.Default()
+	Registry  prometheus.Registerer           // nil: metrics are not registered
+	Now       func() time.Time                // nil: time.Now
+	Crash     func(point, opID string)        // test hook at crash points; nil: none
+	KeyRand   func() string                   // nil: 8 random hex digits
+	QueryWait func(attempt int) time.Duration // wait between ops queries; nil: 100ms doubling to 5s
+}
+
+// Agent is one running command path.
+type Agent struct {
+	o       Options
+	cfg     *config.Config
+	st      *store.Store
+	log     *slog.Logger
+	m       *metrics
+	now     func() time.Time
+	devs    map[string]*devRT
+	workers map[string]*worker
+	pub     *publisher
+
+	incoming chan Delivery
+	acks     chan *arrival
+
+	ctx      context.Context // cancelled at the hard stop
+	cancel   context.CancelFunc
+	stopping chan struct{} // closed when draining starts
+	stopOnce sync.Once
+	wg       sync.WaitGroup // intake, acker, workers
+	bg       sync.WaitGroup // publisher, sweeper
+
+	failOnce sync.Once
+	failed   chan struct{}
+	failErr  error
+
+	started atomic.Bool
+}
+
+// devRT is a device's runtime state.
+type devRT struct {
+	cfg       *config.Device
+	w         *worker
+	lastFence atomic.Int64
+	pending   atomic.Int32 // 1 while the device has an unresolved write
+	drv       device.Driver
+}
+
+// New builds an Agent; it does no I/O.
+func New(o Options) (*Agent, error) {
+	if o.Config == nil || o.Store == nil || o.Publisher == nil {
+		return nil, errors.New("agent: Config, Store and Publisher are required")
+	}
+	if o.Policy == nil {
+		o.Policy = policy.AllowAll{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.QueryWait == nil {
+		o.QueryWait = func(n int) time.Duration {
+			d := 100 * time.Millisecond << min(n, 6)
+			return min(d, 5*time.Second)
+		}
+	}
+	a := &Agent{o: o, cfg: o.Config, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
+		devs: map[string]*devRT{}, workers: map[string]*worker{},
+		incoming: make(chan Delivery, 1024), acks: make(chan *arrival, 8192),
+		stopping: make(chan struct{}), failed: make(chan struct{})}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	for _, d := range o.Config.Devices {
+		drv := o.Drivers[d.ID]
+		if drv == nil {
+			return nil, fmt.Errorf("agent: device %s: no driver", d.ID)
+		}
+		wid := d.WorkerID()
+		w := a.workers[wid]
+		if w == nil {
+			w = newWorker(a, wid)
+			a.workers[wid] = w
+		}
+		w.devs = append(w.devs, d.ID)
+		w.limit += int64(*d.Queue) // a group's limit is the sum of its members' queues
+		a.devs[d.ID] = &devRT{cfg: d, w: w, drv: drv}
+	}
+	a.pub = newPublisher(a)
+	return a, nil
+}
+
+// Start recovers from the store and starts the workers and the outbox
+// publisher. Deliver may be called once Start returned.
+//
+// Recovery (DESIGN.md): each worker's inbox is loaded in arrival order; a
+// pending or unknown record at its head is resolved with the device before
+// anything behind it; unpublished Results are queued for publishing.
+func (a *Agent) Start(ctx context.Context) error {
+	if !a.started.CompareAndSwap(false, true) {
+		return errors.New("agent: already started")
+	}
+	err := a.st.View(func(tx *store.Tx) error {
+		if err := tx.Devices(func(dev string, d store.Device) error {
+			if rt := a.devs[dev]; rt != nil {
+				rt.lastFence.Store(d.LastFence)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := tx.Inbox(func(e store.InboxEntry) error {
+			w := a.workers[e.Worker]
+			if w == nil {
+				return fmt.Errorf("agent: recovery: inbox of %s holds %s/%s, but the worker is no longer configured; restore its devices or drain it", e.Worker, e.Device, e.OpID)
+			}
+			w.fifo = append(w.fifo, e)
+			w.depth.Add(1)
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Outbox(func(e store.Outbox) error {
+			a.pub.push(outboxItem(e))
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("agent: recovery: %w", err)
+	}
+	for _, w := range a.workers {
+		a.m.queueDepth.WithLabelValues(w.id).Set(float64(w.depth.Load()))
+		a.wg.Add(1)
+		go w.run()
+	}
+	a.wg.Add(2)
+	go a.intakeLoop()
+	go a.ackLoop()
+	a.pub.start()
+	a.bg.Add(1)
+	go a.sweepLoop()
+	go func() {
+		select {
+		case <-a.st.Failed():
+			a.fail(a.st.Err())
+		case <-a.ctx.Done():
+		}
+	}()
+	return nil
+}
+
+// Deliver hands one broker delivery to the intake, in arrival order. It
+// blocks while the intake's bounded queue is full (the broker's in-flight
+// window bounds how long), and drops nothing: after Stop began, the
+// delivery is left unacknowledged for the broker to redeliver.
+func (a *Agent) Deliver(d Delivery) {
+	select {
+	case <-a.stopping:
+	case a.incoming <- d:
+	}
+}
+
+// Failed is closed when the agent hit a fatal error (a store commit
+// failed): it then sends, publishes and acknowledges nothing more, and the
+// process must exit non-zero (invariant 5).
+func (a *Agent) Failed() <-chan struct{} { return a.failed }
+
+// Err returns the fatal error, if any.
+func (a *Agent) Err() error {
+	select {
+	case <-a.failed:
+		return a.failErr
+	default:
+		return nil
+	}
+}
+
+func (a *Agent) fail(err error) {
+	a.failOnce.Do(func() {
+		if err == nil {
+			err = errors.New("agent: store failed")
+		}
+		a.failErr = err
+		a.log.Error("agent: fatal; stopping", "err", err)
+		close(a.failed)
+		a.stopOnce.Do(func() { close(a.stopping) })
+		a.cancel()
+	})
+}
+
+// Stop drains: intake stops (unacknowledged deliveries stay with the
+// broker), workers finish the write in hand (a write still running at ctx's
+// deadline is cancelled and recorded unknown), and the outbox is published
+// until ctx ends. Every operation is left with a record.
+func (a *Agent) Stop(ctx context.Context) error {
+	a.stopOnce.Do(func() { close(a.stopping) })
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		a.cancel() // hard stop: in-flight writes end unknown and are recorded
+		<-done
+	}
+	a.pub.flush(ctx)
+	a.cancel()
+	a.pub.stop()
+	a.bg.Wait()
+	return a.Err()
+}
+
+func (a *Agent) stoppingNow() bool {
+	select {
+	case <-a.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// crash is a test hook: a real SIGKILL of the process at a named point.
+func (a *Agent) crash(point, opID string) {
+	if a.o.Crash != nil {
+		a.o.Crash(point, opID)
+	}
+}
+
+func (a *Agent) destination(replyTo, dev string) string {
+	if replyTo != "" {
+		return replyTo
+	}
+	return wire.ResultTopic(a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID, dev)
+}
+
+// resultOf builds the Result of a record.
+func resultOf(o store.Op, lastFence int64, dup bool) wire.Result {
+	r := wire.Result{V: wire.Version, OpID: o.OpID, Device: o.Device, Fence: o.Fence,
+		Status: o.Result, Code: o.Code, Reason: o.Reason, LastFence: lastFence,
+		Duplicate: dup, At: o.DecidedAt.UTC()}
+	if o.Result == wire.StatusApplied {
+		r.Output = o.Output
+	}
+	return r
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only our own wire types are marshalled
+	}
+	return b
+}
+
+// publishState publishes a device's retained DeviceState (after the commit
+// that changed it).
+func (a *Agent) publishState(dev string, d store.Device) {
+	st := d.State
+	if len(st) == 0 {
+		st = json.RawMessage("{}")
+	}
+	ds := wire.DeviceState{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID, State: st, At: a.now().UTC()}
+	a.pub.push(pubItem{topic: wire.StateTopic(a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID, dev),
+		payload: mustJSON(ds), dev: dev, retained: true})
+}
+
+func (a *Agent) sweepLoop() {
+	defer a.bg.Done()
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+		}
+		var n int
+		err := a.st.Update(a.ctx, func(tx *store.Tx) error {
+			var err error
+			n, err = tx.Sweep(a.now(), a.cfg.Dedup.Retention.D(), uint64(*a.cfg.Dedup.KeepLast), 1000)
+			return err
+		})
+		if err != nil {
+			if !errors.Is(err, context.Canceled) {
+				a.fail(err)
+			}
+			return
+		}
+		if n > 0 {
+			a.log.Info("retention: deleted final op records", "count", n)
+		}
+	}
+}
+
+// DeviceIDs returns the configured devices, sorted.
+func (a *Agent) DeviceIDs() []string {
+	ids := make([]string, 0, len(a.devs))
+	for id := range a.devs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

@@ -1,0 +1,18 @@
+package agent
+
+import "errors"
+
+var (
+	// ErrUnknownDevice is returned by admin calls for a device that is not configured.
+	ErrUnknownDevice = errors.New("agent: unknown device")
+	// ErrNoSuchOp is returned by admin calls for an op_id with no record.
+	ErrNoSuchOp = errors.New("agent: no such operation")
+	// ErrQueryable is returned by Resolve for a device that can be asked
+	// itself (queryable: true): the agent resolves its writes.
+	ErrQueryable = errors.New("agent: device is queryable; the agent resolves its writes itself")
+	// ErrNotUnknown is returned by Resolve for an operation whose outcome is
+	// not unknown.
+	ErrNotUnknown = errors.New("agent: operation is not unknown")
+	// ErrStopped is returned after the agent stopped.
+	ErrStopped = errors.New("agent: stopped")
+)

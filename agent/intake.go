@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// admitKind is what the intake decided for one delivery.
+type admitKind int
+
+const (
+	admitIgnore   admitKind = iota // acknowledged only (retained, empty payload)
+	admitAnswer                    // answered on arrival (invalid, unknown_device)
+	admitQueued                    // entered the inbox
+	admitInFlight                  // a resend of a queued or pending op: acknowledged only
+	admitReplay                    // a resend of a recorded op: its Result replayed
+	admitConflict                  // same op_id, other command: op_conflict
+	admitBusy                      // the worker's queue is full
+)
+
+// arrival is one delivery on its way to its acknowledgement. The acker
+// handles arrivals strictly in arrival order.
+type arrival struct {
+	d      Delivery
+	done   <-chan error // the admission's commit; nil when no store write was needed
+	kind   admitKind
+	cmd    wire.Command
+	dev    string
+	rec    store.Op // for replays
+	entry  store.InboxEntry
+	answer *wire.Result
+	topic  string // where answer goes
+}
+
+func (a *Agent) intakeLoop() {
+	defer a.wg.Done()
+	defer close(a.acks)
+	for {
+		select {
+		case <-a.stopping:
+			return
+		case d := <-a.incoming:
+			ar := a.admit(d)
+			select {
+			case a.acks <- ar:
+			case <-a.failed:
+				return
+			}
+		}
+	}
+}
+
+// admit runs the checks on arrival (PROTOCOL.md §1, order of checks 1) and
+// submits the admission to the group commit without waiting for it, so one
+// MQTT session's commands share fsyncs.
+func (a *Agent) admit(d Delivery) *arrival {
+	ar := &arrival{d: d}
+	pfx, gw := a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID
+	if d.Retained {
+		// A replay of a retained message is never a command: log, count,
+		// clear it.
+		a.m.retained.Inc()
+		if len(d.Payload) > 0 {
+			a.log.Warn("ignoring a retained message on a cmd topic, and clearing it", "topic", d.Topic)
+			a.pub.push(pubItem{topic: d.Topic, payload: nil, retained: true, dev: d.Topic})
+		}
+		return ar
+	}
+	if len(d.Payload) == 0 {
+		return ar
+	}
+	dev, ok := wire.DeviceFromCmdTopic(pfx, gw, d.Topic)
+	if !ok {
+		a.log.Warn("ignoring a message on an unexpected topic", "topic", d.Topic)
+		return ar
+	}
+	ar.dev = dev
+	cmd, err := wire.ParseCommand(d.Payload)
+	if err != nil {
+		var pe *wire.ParseError
+		errors.As(err, &pe)
+		rt := a.devs[dev]
+		var lf int64
+		if rt != nil {
+			lf = rt.lastFence.Load()
+		}
+		ar.kind, ar.topic = admitAnswer, a.destination(pe.ReplyTo, dev)
+		if !wire.ValidPublishTopic(ar.topic) {
+			ar.kind = admitIgnore
+			return ar
+		}
+		ar.answer = &wire.Result{V: wire.Version, OpID: pe.OpID, Device: dev, Fence: pe.Fence,
+			Status: wire.StatusRejected, Code: wire.CodeInvalid, Reason: pe.Reason, LastFence: lf, At: a.now().UTC()}
+		return ar
+	}
+	ar.cmd = cmd
+	ar.topic = a.destination(cmd.ReplyTo, dev)
+	rt := a.devs[dev]
+	if rt == nil {
+		ar.kind = admitAnswer
+		ar.answer = &wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
+			Status: wire.StatusRejected, Code: wire.CodeUnknownDevice,
+			Reason: fmt.Sprintf("device %q is not configured on gateway %s", dev, gw), At: a.now().UTC()}
+		return ar
+	}
+	hash, err := wire.ContentHash(cmd.Action, cmd.Params)
+	if err != nil { // cannot happen after ParseCommand; answer rather than guess
+		ar.kind = admitAnswer
+		ar.answer = &wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
+			Status: wire.StatusRejected, Code: wire.CodeInvalid, Reason: err.Error(), LastFence: rt.lastFence.Load(), At: a.now().UTC()}
+		return ar
+	}
+	w := rt.w
+	now := a.now()
+	ar.done = a.st.Submit(a.ctx, func(tx *store.Tx) error {
+		// Dedup against the record, inside the same serial commit stream
+		// as every other admission, so two deliveries of one op_id cannot
+		// both enter the inbox (invariant 2).
+		o, ok, err := tx.Op(dev, cmd.OpID)
+		if err != nil {
+			return err
+		}
+		if ok {
+			switch {
+			case !bytes.Equal(o.ContentHash, hash):
+				ar.kind = admitConflict
+			case o.Status == store.OpFinal || o.Status == store.OpUnknown:
+				ar.kind, ar.rec = admitReplay, o
+			default:
+				ar.kind = admitInFlight
+			}
+			return nil
+		}
+		if w.depth.Load() >= w.limit {
+			ar.kind = admitBusy
+			return nil
+		}
+		seq, err := tx.InboxAppend(w.id, dev, cmd.OpID)
+		if err != nil {
+			return err
+		}
+		err = tx.PutOp(store.Op{Device: dev, OpID: cmd.OpID, Status: store.OpQueued,
+			Fence: cmd.Fence, Action: cmd.Action, Params: cmd.Params, Lock: cmd.Lock,
+			Holder: cmd.Holder, ExpiresAt: cmd.ExpiresAt, ReplyTo: cmd.ReplyTo,
+			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: now.UTC()})
+		if err != nil {
+			return err
+		}
+		w.depth.Add(1)
+		ar.kind = admitQueued
+		ar.entry = store.InboxEntry{Worker: w.id, Seq: seq, Device: dev, OpID: cmd.OpID}
+		return nil
+	})
+	return ar
+}
+
+// ackLoop acknowledges deliveries strictly in arrival order, each once its
+// admission is durable (invariant 3: durable before acknowledged) or it has
+// been answered. A failed commit stops it: nothing more is acknowledged
+// (invariant 5), so the broker redelivers to the next session.
+func (a *Agent) ackLoop() {
+	defer a.wg.Done()
+	for ar := range a.acks {
+		if ar.done != nil {
+			if err := <-ar.done; err != nil {
+				a.fail(fmt.Errorf("agent: admitting %s/%s: %w", ar.dev, ar.cmd.OpID, err))
+				return
+			}
+		}
+		switch ar.kind {
+		case admitQueued:
+			a.m.queueDepth.WithLabelValues(ar.entry.Worker).Set(float64(a.devs[ar.dev].w.depth.Load()))
+			a.devs[ar.dev].w.push(ar.entry)
+		case admitAnswer:
+			a.answerNow(ar.topic, *ar.answer)
+		case admitReplay:
+			r := resultOf(ar.rec, a.devs[ar.dev].lastFence.Load(), true)
+			r.OpID, r.Fence = ar.cmd.OpID, ar.cmd.Fence
+			a.m.replays.Inc()
+			a.answerNow(ar.topic, r)
+		case admitConflict:
+			rt := a.devs[ar.dev]
+			a.answerNow(ar.topic, wire.Result{V: wire.Version, OpID: ar.cmd.OpID, Device: ar.dev, Fence: ar.cmd.Fence,
+				Status: wire.StatusRejected, Code: wire.CodeOpConflict,
+				Reason:    fmt.Sprintf("op_id %s was already used on %s with a different action or params", ar.cmd.OpID, ar.dev),
+				LastFence: rt.lastFence.Load(), At: a.now().UTC()})
+		case admitBusy:
+			rt := a.devs[ar.dev]
+			a.answerNow(ar.topic, wire.Result{V: wire.Version, OpID: ar.cmd.OpID, Device: ar.dev, Fence: ar.cmd.Fence,
+				Status: wire.StatusRejected, Code: wire.CodeBusy,
+				Reason:    fmt.Sprintf("the queue of %s is full (%d commands); retry later with backoff", ar.dev, rt.w.limit),
+				LastFence: rt.lastFence.Load(), At: a.now().UTC()})
+		}
+		if ar.d.Ack != nil {
+			ar.d.Ack()
+		}
+	}
+}
+
+// answerNow publishes a Result that is not recorded (answered on arrival),
+// before the delivery is acknowledged. A publish that fails is logged: the
+// controller resends until it sees a Result.
+func (a *Agent) answerNow(topic string, r wire.Result) {
+	a.m.answered(r.Code)
+	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+	defer cancel()
+	if err := a.o.Publisher.Publish(ctx, topic, mustJSON(r), false); err != nil {
+		a.log.Warn("could not publish an answer", "topic", topic, "op_id", r.OpID, "code", r.Code, "err", err)
+	}
+}

@@ -1,0 +1,16 @@
+package store
+
+import "errors"
+
+var (
+	// ErrFailed is returned by every Update after a commit failed: a store
+	// that failed a commit (or an fsync) is not trusted again; the process
+	// must stop and recover on restart (DESIGN.md invariant 5).
+	ErrFailed = errors.New("store: a commit failed earlier; the store is stopped")
+	// ErrClosed is returned by calls after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrLocked is returned by Open when another process holds the store.
+	ErrLocked = errors.New("store: held by another process (is an agent running? use the admin API)")
+	// ErrNotFound is returned by lookups of records that do not exist.
+	ErrNotFound = errors.New("store: not found")
+)

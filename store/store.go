@@ -1,0 +1,319 @@
+// Package store keeps edge-agent's durable state in one bbolt file: the
+// inbox, device records (last_fence), op records, the outbox and the expiry
+// index (DESIGN.md, storage sketch). Every write goes through a group commit:
+// one goroutine runs all the updates that are waiting in one bbolt
+// transaction and one fsync, so many devices share a commit while a lone
+// device never waits for a timer.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+)
+
+var (
+	bucketDevices = []byte("devices")
+	bucketOps     = []byte("ops")
+	bucketInbox   = []byte("inbox")
+	bucketOutbox  = []byte("outbox")
+	bucketExpiry  = []byte("expiry")
+	bucketMeta    = []byte("meta")
+)
+
+// Options configure a Store. A nil *Options means all defaults.
+type Options struct {
+	// OpenTimeout bounds the wait for the file lock held by another
+	// process. Zero means 1s.
+	OpenTimeout time.Duration
+	// ReadOnly opens the file for inspection (shared lock, no writes).
+	ReadOnly bool
+	// MaxBatch is the most updates committed in one transaction. Zero
+	// means 4096.
+	MaxBatch int
+	// FailCommit, when set, is called before each commit of a batch; a
+	// non-nil error aborts that commit as if the disk had failed. For
+	// fault-injection tests only. Nil means never.
+	FailCommit func() error
+	// Logger receives the store's log lines. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Store is the open bbolt file plus its group-commit loop.
+type Store struct {
+	db   *bolt.DB
+	opts Options
+	log  *slog.Logger
+
+	reqs chan *request
+	quit chan struct{}
+	done chan struct{}
+
+	sendMu    sync.RWMutex // held (read) while enqueueing; Close takes it to fence out senders
+	mu        sync.Mutex
+	closed    bool
+	started   bool
+	failed    error
+	failedCh  chan struct{}
+	closeOnce sync.Once
+
+	commits uint64 // batches committed, for metrics and benchmarks
+}
+
+type request struct {
+	fn   func(*Tx) error
+	done chan error
+}
+
+// Open opens (creating if needed) the store at path. It takes the file lock,
+// so a second process gets ErrLocked within opts.OpenTimeout. Call Start
+// before Update.
+func Open(path string, opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.OpenTimeout == 0 {
+		o.OpenTimeout = time.Second
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = 4096
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        o.OpenTimeout,
+		ReadOnly:       o.ReadOnly,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+	})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("open %s: %w", path, ErrLocked)
+		}
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	s := &Store{db: db, opts: o, log: o.Logger,
+		reqs: make(chan *request, 4*o.MaxBatch), quit: make(chan struct{}),
+		done: make(chan struct{}), failedCh: make(chan struct{})}
+	if !o.ReadOnly {
+		err = db.Update(func(tx *bolt.Tx) error {
+			for _, b := range [][]byte{bucketDevices, bucketOps, bucketInbox, bucketOutbox, bucketExpiry, bucketMeta} {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("store: init %s: %w", path, err)
+		}
+	}
+	return s, nil
+}
+
+// Start runs the group-commit loop until Close.
+func (s *Store) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started || s.closed {
+		return
+	}
+	s.started = true
+	go s.loop()
+}
+
+// Failed is closed when a commit has failed; Err then says why.
+func (s *Store) Failed() <-chan struct{} { return s.failedCh }
+
+// Err returns the commit failure that stopped the store, or nil.
+func (s *Store) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
+
+// Commits returns how many batches have been committed.
+func (s *Store) Commits() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.commits
+}
+
+// Path returns the file's path.
+func (s *Store) Path() string { return s.db.Path() }
+
+// DB exposes the bbolt handle for integrity checks in tests.
+func (s *Store) DB() *bolt.DB { return s.db }
+
+// Update runs fn in the next group commit and returns once that commit is
+// durable (fsynced), or failed. fn must not block, and should return an
+// error only for a real failure: any error aborts the whole batch, fails
+// the store, and is returned to every update in the batch. ctx only bounds
+// the wait to enqueue; once enqueued, the update's fate is the batch's.
+func (s *Store) Update(ctx context.Context, fn func(*Tx) error) error {
+	return <-s.Submit(ctx, fn)
+}
+
+// Submit enqueues fn for the next group commit without waiting; the channel
+// receives the commit's result.
+func (s *Store) Submit(ctx context.Context, fn func(*Tx) error) <-chan error {
+	r := &request{fn: fn, done: make(chan error, 1)}
+	s.mu.Lock()
+	switch {
+	case s.failed != nil:
+		r.done <- ErrFailed
+	case s.closed:
+		r.done <- ErrClosed
+	case !s.started:
+		r.done <- errors.New("store: Update before Start")
+	}
+	s.mu.Unlock()
+	if len(r.done) > 0 {
+		return r.done
+	}
+	s.sendMu.RLock()
+	defer s.sendMu.RUnlock()
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		r.done <- ErrClosed
+		return r.done
+	}
+	select {
+	case s.reqs <- r:
+	case <-s.failedCh:
+		r.done <- ErrFailed
+	case <-s.quit:
+		r.done <- ErrClosed
+	case <-ctx.Done():
+		r.done <- ctx.Err()
+	}
+	return r.done
+}
+
+// View runs fn in a read-only transaction.
+func (s *Store) View(fn func(*Tx) error) error {
+	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+}
+
+func (s *Store) loop() {
+	defer close(s.done)
+	batch := make([]*request, 0, s.opts.MaxBatch)
+	for {
+		var r *request
+		select {
+		case r = <-s.reqs:
+		case <-s.quit:
+			s.drain(ErrClosed)
+			return
+		}
+		batch = append(batch[:0], r)
+	fill:
+		for len(batch) < s.opts.MaxBatch {
+			select {
+			case r = <-s.reqs:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		err := s.commit(batch)
+		if err != nil {
+			s.mu.Lock()
+			s.failed = err
+			s.mu.Unlock()
+			close(s.failedCh)
+			s.log.Error("store: commit failed; stopping (invariant 5: nothing more is sent, published or acknowledged)", "err", err)
+			for _, r := range batch {
+				r.done <- fmt.Errorf("%w: %v", ErrFailed, err)
+			}
+			// Stay alive answering ErrFailed, so no Submit can hang.
+			for {
+				select {
+				case r := <-s.reqs:
+					r.done <- ErrFailed
+				case <-s.quit:
+					s.drain(ErrFailed)
+					return
+				}
+			}
+		}
+		for _, r := range batch {
+			r.done <- nil
+		}
+	}
+}
+
+func (s *Store) drain(err error) {
+	for {
+		select {
+		case r := <-s.reqs:
+			r.done <- err
+		default:
+			return
+		}
+	}
+}
+
+func (s *Store) commit(batch []*request) error {
+	var hooks []func()
+	err := s.db.Update(func(btx *bolt.Tx) error {
+		tx := &Tx{tx: btx, write: true}
+		for _, r := range batch {
+			if err := r.fn(tx); err != nil {
+				return err
+			}
+		}
+		if s.opts.FailCommit != nil {
+			if err := s.opts.FailCommit(); err != nil {
+				return err
+			}
+		}
+		hooks = tx.hooks
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store: commit of %d updates: %w", len(batch), err)
+	}
+	s.mu.Lock()
+	s.commits++
+	s.mu.Unlock()
+	for _, h := range hooks {
+		h()
+	}
+	return nil
+}
+
+// Close stops the commit loop (waiting updates get ErrClosed) and closes the
+// file. It is idempotent.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		started := s.started
+		s.mu.Unlock()
+		close(s.quit)
+		if started {
+			<-s.done
+		}
+		// Senders see quit and return; once they are out, nothing new enters.
+		s.sendMu.Lock()
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		s.sendMu.Unlock()
+		s.drain(ErrClosed)
+		err = s.db.Close()
+	})
+	return err
+}
