@@ -40,13 +40,8 @@ func ParseCommand(payload []byte) (Command, error) {
 	if !utf8.Valid(payload) {
 		return c, &ParseError{Reason: "payload is not valid UTF-8"}
 	}
-	if err := checkJSON(payload); err != nil {
-		return c, &ParseError{Reason: err.Error()}
-	}
 	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &raw); err != nil {
-		return c, &ParseError{Reason: "payload is not a JSON object"}
-	}
+	rawErr := json.Unmarshal(payload, &raw)
 	pe := &ParseError{}
 	// Read what can be echoed first, so every later error carries it.
 	if v, ok := raw["op_id"]; ok {
@@ -69,6 +64,12 @@ func ParseCommand(payload []byte) (Command, error) {
 	fail := func(format string, a ...any) (Command, error) {
 		pe.Reason = fmt.Sprintf(format, a...)
 		return Command{}, pe
+	}
+	if err := checkJSON(payload); err != nil {
+		return fail("%v", err)
+	}
+	if rawErr != nil {
+		return fail("payload is not a JSON object")
 	}
 
 	c.V = Version

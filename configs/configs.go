@@ -1,0 +1,10 @@
+// Package configs embeds the shipped default configuration, so the agent
+// runs with no file at all (`edge-agent run` without --config).
+package configs
+
+import _ "embed"
+
+// AgentYAML is configs/agent.yaml.
+//
+//go:embed agent.yaml
+var AgentYAML []byte
