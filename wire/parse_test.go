@@ -22,7 +22,7 @@ func TestParseCommand(t *testing.T) {
 		{name: "bad json", in: `{"op_id":`, reason: "not valid JSON"},
 		{name: "not an object", in: `[1,2]`, reason: "not a JSON object"},
 		{name: "trailing data", in: `{"op_id":"a","fence":1,"action":"set"} {}`, reason: "data after"},
-		{name: "duplicate keys", in: `{"op_id":"a","fence":1,"fence":2,"action":"set"}`, reason: `duplicate key "fence"`},
+		{name: "duplicate keys", in: `{"op_id":"a","fence":1,"fence":2,"action":"set"}`, reason: `duplicate key "fence"`, opID: "a", fence: 2}, // echo: the last duplicate, as encoding/json reads it
 		{name: "nested duplicate keys", in: `{"op_id":"a","fence":1,"action":"set","params":{"x":1,"x":2}}`, reason: `duplicate key "x"`, opID: "a", fence: 1},
 		{name: "fence 0", in: `{"op_id":"a","fence":0,"action":"set"}`, reason: "fence must be an integer from 1", opID: "a"},
 		{name: "fence negative", in: `{"op_id":"a","fence":-5,"action":"set"}`, reason: "fence must be", opID: "a"},
