@@ -2,11 +2,20 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	paho "github.com/eclipse/paho.mqtt.golang"
+
 	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	"github.com/edge-agent/edge-agent/wire"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -75,4 +84,145 @@ func newClient(t *testing.T, endpoints ...string) *clientv3.Client {
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// startMosquitto runs a real mosquitto on a free loopback port and returns
+// its URL; it is stopped in t.Cleanup.
+func startMosquitto(t *testing.T) string {
+	t.Helper()
+	bin := "/usr/sbin/mosquitto"
+	if _, err := os.Stat(bin); err != nil {
+		t.Skipf("mosquitto not installed: %v", err)
+	}
+	for try := 0; try < 3; try++ {
+		addr := etcdtest.FreeAddr(t)
+		_, port, _ := net.SplitHostPort(addr)
+		dir := t.TempDir()
+		conf := filepath.Join(dir, "mosquitto.conf")
+		body := fmt.Sprintf("listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 0\n", port)
+		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		logf, err := os.Create(filepath.Join(dir, "mosquitto.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "-c", conf)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start mosquitto: %v", err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			select {
+			case <-done:
+				deadline = time.Time{}
+				continue
+			default:
+			}
+			if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+				c.Close()
+				return "tcp://" + addr
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	t.Fatal("mosquitto did not start")
+	return ""
+}
+
+// responder stands in for the agent in Send's unit tests only: it answers
+// each command with whatever the script returns, so the controller's
+// reaction to specific Results can be tested. (End-to-end tests use the
+// real agent.)
+type responder struct {
+	t   *testing.T
+	cli paho.Client
+
+	mu   sync.Mutex
+	cmds []seenCmd
+}
+
+type seenCmd struct {
+	cmd wire.Command
+	at  time.Time
+}
+
+// script gets the command and how many times this op_id was seen before;
+// each returned Result is published after its delay.
+type script func(cmd wire.Command, seen int) []delayed
+
+type delayed struct {
+	after time.Duration
+	r     wire.Result
+}
+
+func result(cmd wire.Command, code wire.Code, lastFence int64) wire.Result {
+	return wire.Result{V: 1, OpID: cmd.OpID, Device: deviceOf(cmd), Fence: cmd.Fence,
+		Status: wire.StatusOf(code), Code: code, Reason: "test responder", LastFence: lastFence, At: time.Now().UTC()}
+}
+
+var cmdDevice sync.Map // op_id -> device, filled by the responder
+
+func deviceOf(cmd wire.Command) string {
+	if d, ok := cmdDevice.Load(cmd.OpID); ok {
+		return d.(string)
+	}
+	return ""
+}
+
+func startResponder(t *testing.T, broker, gw string, sc script) *responder {
+	t.Helper()
+	rs := &responder{t: t}
+	var wg sync.WaitGroup
+	opts := paho.NewClientOptions().AddBroker(broker).SetClientID("responder-" + NewOpID()[:8]).
+		SetCleanSession(true).SetOrderMatters(false)
+	opts.SetDefaultPublishHandler(func(c paho.Client, m paho.Message) {
+		dev, ok := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())
+		if !ok {
+			return
+		}
+		cmd, err := wire.ParseCommand(m.Payload())
+		if err != nil {
+			t.Errorf("responder: bad command: %v", err)
+			return
+		}
+		cmdDevice.Store(cmd.OpID, dev)
+		rs.mu.Lock()
+		seen := 0
+		for _, s := range rs.cmds {
+			if s.cmd.OpID == cmd.OpID {
+				seen++
+			}
+		}
+		rs.cmds = append(rs.cmds, seenCmd{cmd, time.Now()})
+		rs.mu.Unlock()
+		for _, d := range sc(cmd, seen) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(d.after) // the script's delay, not synchronisation
+				b, _ := json.Marshal(d.r)
+				c.Publish(cmd.ReplyTo, 1, false, b).Wait()
+			}()
+		}
+	})
+	rs.cli = paho.NewClient(opts)
+	if tok := rs.cli.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("responder connect: %v", tok.Error())
+	}
+	if tok := rs.cli.Subscribe(wire.CmdFilter(wire.DefaultPrefix, gw), 1, nil); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("responder subscribe: %v", tok.Error())
+	}
+	t.Cleanup(func() { rs.cli.Disconnect(100); wg.Wait() })
+	return rs
+}
+
+func (rs *responder) seen() []seenCmd {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return append([]seenCmd(nil), rs.cmds...)
 }

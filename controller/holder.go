@@ -198,13 +198,13 @@ func NewHolder(cli *clientv3.Client, names []string, opts *LockOptions) *Holder 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	hb, hbCancel := context.WithCancel(context.Background())
 	return &Holder{
-		cli:    cli,
-		opts:   opts.withDefaults(),
-		names:  sorted,
-		fences: map[string]int64{},
-		keys:   map[string]string{},
-		ctx:    ctx,
-		cancel: cancel,
+		cli:      cli,
+		opts:     opts.withDefaults(),
+		names:    sorted,
+		fences:   map[string]int64{},
+		keys:     map[string]string{},
+		ctx:      ctx,
+		cancel:   cancel,
 		hb:       hb,
 		hbCancel: hbCancel,
 		lostDone: make(chan struct{}),

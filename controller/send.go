@@ -1,0 +1,401 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// Owner is the ownership a Sender sends under. *Holder implements it; so
+// does *FixedFence for an operator who already knows the fence.
+type Owner interface {
+	// Check returns nil while commands may be sent.
+	Check() error
+	// FenceOf returns the fencing token issued by the named lock.
+	FenceOf(lock string) (int64, error)
+	// Locks lists the held lock names; the first fences devices for
+	// which SendOptions.LockFor says nothing.
+	Locks() []string
+	// Lose records evidence of a newer owner: the owner is LOST from now on.
+	Lose(cause error)
+	// Context ends when the ownership does.
+	Context() context.Context
+	// Name identifies the sender in commands (`holder`).
+	Name() string
+}
+
+// FixedFence is an Owner with a fence given by hand (edgectl --fence). It
+// becomes lost like a Holder when a device reports a newer fence.
+type FixedFence struct {
+	Lock   string // sent as the command's `lock`; "" for none
+	Fence  int64
+	Holder string
+	lost   atomic.Pointer[error]
+}
+
+// Check implements Owner.
+func (f *FixedFence) Check() error {
+	if e := f.lost.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// FenceOf implements Owner.
+func (f *FixedFence) FenceOf(string) (int64, error) { return f.Fence, nil }
+
+// Locks implements Owner.
+func (f *FixedFence) Locks() []string { return []string{f.Lock} }
+
+// Lose implements Owner.
+func (f *FixedFence) Lose(cause error) {
+	err := fmt.Errorf("%w: %w", ErrLost, cause)
+	f.lost.CompareAndSwap(nil, &err)
+}
+
+// Context implements Owner.
+func (f *FixedFence) Context() context.Context { return context.Background() }
+
+// Name implements Owner.
+func (f *FixedFence) Name() string { return f.Holder }
+
+// SendOptions configure a Sender. A nil *SendOptions means every default.
+type SendOptions struct {
+	// ResultTimeout is how long Send waits for a final Result before it
+	// resends the same command (same op_id). Zero means 5s.
+	ResultTimeout time.Duration
+	// BackoffBase and BackoffMax shape the delay before resending after
+	// `busy` (full jitter). Zero means 100ms and 2s.
+	BackoffBase, BackoffMax time.Duration
+	// LockFor names the lock whose fence goes with commands to a device.
+	// Nil means the owner's first lock for every device.
+	LockFor func(device string) string
+	// ExpiresIn, when set, puts expires_at = now + ExpiresIn on each
+	// command (a coarse safety net; fencing is what protects). Zero
+	// means no expires_at.
+	ExpiresIn time.Duration
+}
+
+// Sender sends commands under one Owner over one Conn. Sends to one device
+// are serialised: the next starts only after the previous one has a final
+// Result (or gave up), so commands under one fence keep the owner's order.
+// It is safe for concurrent use.
+type Sender struct {
+	conn  *Conn
+	owner Owner
+	opts  SendOptions
+
+	mu      sync.Mutex
+	devices map[string]chan struct{} // one-slot semaphore per device
+	stats   SendStats
+}
+
+// SendStats count what Senders did, for tests and metrics.
+type SendStats struct {
+	Published int // publishes, resends included
+	Resends   int // resends after a Result timeout
+	Busy      int // busy answers retried
+	Unknown   int // unknown (non-final) Results seen
+}
+
+// NewSender returns a Sender. It does no I/O.
+func NewSender(conn *Conn, owner Owner, opts *SendOptions) *Sender {
+	var o SendOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.ResultTimeout <= 0 {
+		o.ResultTimeout = 5 * time.Second
+	}
+	if o.BackoffBase <= 0 {
+		o.BackoffBase = 100 * time.Millisecond
+	}
+	if o.BackoffMax <= 0 {
+		o.BackoffMax = 2 * time.Second
+	}
+	return &Sender{conn: conn, owner: owner, opts: o, devices: map[string]chan struct{}{}}
+}
+
+// Stats returns counters so far.
+func (s *Sender) Stats() SendStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// CallOption adjusts one Send.
+type CallOption func(*call)
+
+type call struct{ opID string }
+
+// WithOpID makes Send use a caller-supplied op_id (to resend an operation
+// whose outcome is unknown). It must never be reused for another operation.
+func WithOpID(id string) CallOption { return func(c *call) { c.opID = id } }
+
+// testHookBeforePublish, when set by a test, runs after the ownership
+// check and before each publish: a place to pause, like a GC pause or a
+// frozen VM between checking and writing.
+var testHookBeforePublish func(wire.Command)
+
+// Send publishes one command to the device with the owner's current fence
+// and awaits its final Result on the reply topic.
+//
+//   - Before every publish, resends included, it checks ownership; a LOST
+//     owner sends nothing (ErrLost).
+//   - No final Result within ResultTimeout: the outcome is unknown, so it
+//     resends the same command with the same op_id (the agent runs an
+//     op_id at most once and replays its outcome).
+//   - A Result with status unknown is not final: it keeps waiting.
+//   - busy: resent after a full-jitter backoff.
+//   - stale_fence, or any Result whose last_fence is above the fence: the
+//     owner is moved to LOST and Send returns an error wrapping ErrLost
+//     and ErrNewerFence (with the Result).
+//   - Another final Result that is not applied: (Result, *ResultError).
+//   - ctx ends first: ErrOutcomeUnknown; resend with WithOpID to learn it.
+//
+// params is nil, a JSON object as json.RawMessage or []byte, or any value
+// that marshals to a JSON object.
+func (s *Sender) Send(ctx context.Context, device, action string, params any, opts ...CallOption) (wire.Result, error) {
+	var c call
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.opID == "" {
+		c.opID = NewOpID()
+	}
+	cmd, err := s.command(device, action, params, c.opID)
+	if err != nil {
+		return wire.Result{}, err
+	}
+	release, err := s.lockDevice(ctx, device)
+	if err != nil {
+		return wire.Result{}, fmt.Errorf("device %s: waiting for the previous command: %w", device, err)
+	}
+	defer release()
+	results, unregister, err := s.conn.register(cmd.OpID)
+	if err != nil {
+		return wire.Result{}, err
+	}
+	defer unregister()
+	payload, err := json.Marshal(cmd)
+	if err != nil {
+		return wire.Result{}, fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+	}
+	topic := wire.CmdTopic(s.conn.opts.Prefix, s.conn.opts.Gateway, device)
+
+	busy := 0
+	var last wire.Result
+	for {
+		// Ownership is checked before every publish, resends included.
+		if err := s.owner.Check(); err != nil {
+			return last, fmt.Errorf("device %s op %s: not sent: %w", device, cmd.OpID, err)
+		}
+		if h := testHookBeforePublish; h != nil {
+			h(cmd)
+		}
+		if err := s.conn.publish(ctx, topic, payload); err != nil {
+			if ctx.Err() != nil {
+				return last, fmt.Errorf("device %s op %s: %w: %w", device, cmd.OpID, ErrOutcomeUnknown, err)
+			}
+			return last, fmt.Errorf("device %s op %s: %w", device, cmd.OpID, err)
+		}
+		s.count(func(st *SendStats) { st.Published++ })
+		r, outcome, err := s.await(ctx, device, cmd, results)
+		if r.OpID != "" {
+			last = r
+		}
+		switch outcome {
+		case awaitFinal:
+			return r, err
+		case awaitBusy:
+			s.count(func(st *SendStats) { st.Busy++ })
+			t := time.NewTimer(Backoff(busy, s.opts.BackoffBase, s.opts.BackoffMax))
+			busy++
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return last, fmt.Errorf("device %s op %s: busy until the deadline: %w", device, cmd.OpID, ctx.Err())
+			case <-s.owner.Context().Done():
+				t.Stop()
+			case <-t.C:
+			}
+		case awaitTimeout:
+			s.count(func(st *SendStats) { st.Resends++ })
+		case awaitEnded:
+			return last, err
+		}
+	}
+}
+
+type awaitOutcome int
+
+const (
+	awaitFinal awaitOutcome = iota
+	awaitBusy
+	awaitTimeout
+	awaitEnded
+)
+
+// await waits for one final answer to cmd, or a reason to resend.
+func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, results <-chan wire.Result) (wire.Result, awaitOutcome, error) {
+	t := time.NewTimer(s.opts.ResultTimeout)
+	defer t.Stop()
+	var last wire.Result
+	for {
+		select {
+		case <-ctx.Done():
+			return last, awaitEnded, fmt.Errorf("device %s op %s: %w: %w", device, cmd.OpID, ErrOutcomeUnknown, ctx.Err())
+		case <-s.owner.Context().Done():
+			return last, awaitEnded, fmt.Errorf("device %s op %s: result not awaited: %w", device, cmd.OpID, s.owner.Check())
+		case <-t.C:
+			return last, awaitTimeout, nil
+		case r := <-results:
+			last = r
+			if r.Code == wire.CodeStaleFence || r.LastFence > cmd.Fence {
+				cause := fmt.Errorf("%w: device %s answered %s with last_fence %d for fence %d",
+					ErrNewerFence, r.Device, r.Code, r.LastFence, cmd.Fence)
+				s.owner.Lose(cause)
+				return r, awaitFinal, &ResultError{Result: r, lost: true}
+			}
+			switch {
+			case !r.Final():
+				// unknown: the agent resolves it with the device and
+				// publishes the final Result to the same reply topic.
+				s.count(func(st *SendStats) { st.Unknown++ })
+				continue
+			case r.Code == wire.CodeBusy:
+				return r, awaitBusy, nil
+			case r.Status == wire.StatusApplied:
+				return r, awaitFinal, nil
+			default:
+				return r, awaitFinal, &ResultError{Result: r}
+			}
+		}
+	}
+}
+
+func (s *Sender) count(f func(*SendStats)) {
+	s.mu.Lock()
+	f(&s.stats)
+	s.mu.Unlock()
+}
+
+func (s *Sender) lockDevice(ctx context.Context, device string) (func(), error) {
+	s.mu.Lock()
+	sem, ok := s.devices[device]
+	if !ok {
+		sem = make(chan struct{}, 1)
+		s.devices[device] = sem
+	}
+	s.mu.Unlock()
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (s *Sender) command(device, action string, params any, opID string) (wire.Command, error) {
+	if !wire.ValidDeviceID(device) {
+		return wire.Command{}, fmt.Errorf("%w: device %q", ErrInvalidCommand, device)
+	}
+	if !wire.ValidAction(action) {
+		return wire.Command{}, fmt.Errorf("%w: action %q", ErrInvalidCommand, action)
+	}
+	if !wire.ValidOpID(opID) {
+		return wire.Command{}, fmt.Errorf("%w: op_id %q", ErrInvalidCommand, opID)
+	}
+	raw, err := paramsJSON(params)
+	if err != nil {
+		return wire.Command{}, fmt.Errorf("%w: params: %w", ErrInvalidCommand, err)
+	}
+	lock := ""
+	if s.opts.LockFor != nil {
+		lock = s.opts.LockFor(device)
+	} else if l := s.owner.Locks(); len(l) > 0 {
+		lock = l[0]
+	}
+	fence, err := s.owner.FenceOf(lock)
+	if err != nil {
+		return wire.Command{}, fmt.Errorf("device %s: %w", device, err)
+	}
+	if fence < 1 {
+		return wire.Command{}, fmt.Errorf("device %s: %w (no fence yet)", device, ErrNotActive)
+	}
+	cmd := wire.Command{
+		V: wire.Version, OpID: opID, Fence: fence, Action: action, Params: raw,
+		Lock: lock, Holder: s.owner.Name(), ReplyTo: s.conn.reply,
+	}
+	if s.opts.ExpiresIn > 0 {
+		t := time.Now().Add(s.opts.ExpiresIn).UTC()
+		cmd.ExpiresAt = &t
+	}
+	return cmd, nil
+}
+
+func paramsJSON(p any) (json.RawMessage, error) {
+	var b []byte
+	switch v := p.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		b = v
+	case []byte:
+		b = v
+	default:
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return nil, err
+		}
+	}
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 || string(t) == "null" {
+		return nil, nil
+	}
+	if t[0] != '{' || !json.Valid(t) {
+		return nil, errors.New("must be a JSON object")
+	}
+	return json.RawMessage(t), nil
+}
+
+// Barrier sends the reserved `fence` action to every device (concurrently,
+// one per device), so each shuts out older generations before anything
+// else is sent. A device counts only when its Result is applied with
+// last_fence >= the fence; otherwise Barrier returns ErrBarrier naming the
+// devices (and ErrLost if a device showed a newer owner).
+func (s *Sender) Barrier(ctx context.Context, devices ...string) error {
+	type out struct {
+		dev string
+		err error
+	}
+	ch := make(chan out, len(devices))
+	var wg sync.WaitGroup
+	for _, d := range devices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.Send(ctx, d, wire.ActionFence, nil)
+			if err == nil && (r.Status != wire.StatusApplied || r.LastFence < r.Fence || r.Fence == 0) {
+				err = fmt.Errorf("result %s/%s last_fence %d", r.Status, r.Code, r.LastFence)
+			}
+			ch <- out{d, err}
+		}()
+	}
+	wg.Wait()
+	close(ch)
+	var errs []error
+	for o := range ch {
+		if o.err != nil {
+			errs = append(errs, fmt.Errorf("%w: device %s: %w", ErrBarrier, o.dev, o.err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,292 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+func dial(t *testing.T, broker, gw string) *Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, ConnOptions{Broker: broker, Gateway: gw})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestSendResults(t *testing.T) {
+	broker := startMosquitto(t)
+	const fence = 40
+	cases := []struct {
+		name      string
+		script    script
+		wantErr   error
+		wantCode  wire.Code
+		wantPubs  int
+		wantStats SendStats
+		wantLost  bool
+	}{
+		{
+			name: "applied",
+			script: func(c wire.Command, _ int) []delayed {
+				return []delayed{{0, result(c, wire.CodeOK, fence)}}
+			},
+			wantCode: wire.CodeOK, wantPubs: 1, wantStats: SendStats{Published: 1},
+		},
+		{
+			name: "timeout resends the same op_id",
+			script: func(c wire.Command, seen int) []delayed {
+				if seen == 0 {
+					return nil // the Result is lost
+				}
+				return []delayed{{0, result(c, wire.CodeOK, fence)}}
+			},
+			wantCode: wire.CodeOK, wantPubs: 2, wantStats: SendStats{Published: 2, Resends: 1},
+		},
+		{
+			name: "busy is retried",
+			script: func(c wire.Command, seen int) []delayed {
+				if seen < 2 {
+					return []delayed{{0, result(c, wire.CodeBusy, fence)}}
+				}
+				return []delayed{{0, result(c, wire.CodeOK, fence)}}
+			},
+			wantCode: wire.CodeOK, wantPubs: 3, wantStats: SendStats{Published: 3, Busy: 2},
+		},
+		{
+			name: "unknown is not final",
+			script: func(c wire.Command, _ int) []delayed {
+				return []delayed{{0, result(c, wire.CodeOutcomeUnknown, fence)}, {300 * time.Millisecond, result(c, wire.CodeOK, fence)}}
+			},
+			wantCode: wire.CodeOK, wantPubs: 1, wantStats: SendStats{Published: 1, Unknown: 1},
+		},
+		{
+			name: "policy denied is final",
+			script: func(c wire.Command, _ int) []delayed {
+				return []delayed{{0, result(c, wire.CodePolicyDenied, fence)}}
+			},
+			wantErr: ErrNotApplied, wantCode: wire.CodePolicyDenied, wantPubs: 1, wantStats: SendStats{Published: 1},
+		},
+		{
+			name: "stale fence loses ownership",
+			script: func(c wire.Command, _ int) []delayed {
+				return []delayed{{0, result(c, wire.CodeStaleFence, fence+5)}}
+			},
+			wantErr: ErrLost, wantCode: wire.CodeStaleFence, wantPubs: 1, wantStats: SendStats{Published: 1}, wantLost: true,
+		},
+		{
+			name: "a newer last_fence on a replay loses ownership",
+			script: func(c wire.Command, _ int) []delayed {
+				r := result(c, wire.CodeOK, fence+1)
+				r.Duplicate = true
+				return []delayed{{0, r}}
+			},
+			wantErr: ErrNewerFence, wantCode: wire.CodeOK, wantPubs: 1, wantStats: SendStats{Published: 1}, wantLost: true,
+		},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			gw := "gw-send-" + string(rune('a'+i))
+			rs := startResponder(t, broker, gw, tc.script)
+			conn := dial(t, broker, gw)
+			owner := &FixedFence{Fence: fence, Lock: "locks/x", Holder: "t"}
+			s := NewSender(conn, owner, &SendOptions{ResultTimeout: 400 * time.Millisecond, BackoffBase: 20 * time.Millisecond})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r, err := s.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1200})
+			if tc.wantErr == nil && err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			if tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+				t.Fatalf("send: got %v, want %v", err, tc.wantErr)
+			}
+			if r.Code != tc.wantCode {
+				t.Fatalf("result code %q, want %q", r.Code, tc.wantCode)
+			}
+			seen := rs.seen()
+			if len(seen) != tc.wantPubs {
+				t.Fatalf("responder saw %d commands, want %d", len(seen), tc.wantPubs)
+			}
+			for _, c := range seen {
+				if c.cmd.OpID != seen[0].cmd.OpID || c.cmd.Fence != fence || c.cmd.ReplyTo != conn.ReplyTopic() || c.cmd.Lock != "locks/x" {
+					t.Fatalf("command %+v: want op_id %s, fence %d, reply_to %s", c.cmd, seen[0].cmd.OpID, fence, conn.ReplyTopic())
+				}
+			}
+			if got := s.Stats(); got != tc.wantStats {
+				t.Fatalf("stats %+v, want %+v", got, tc.wantStats)
+			}
+			if lost := owner.Check() != nil; lost != tc.wantLost {
+				t.Fatalf("owner lost = %v, want %v", lost, tc.wantLost)
+			}
+			if tc.wantLost {
+				// A LOST owner sends nothing more.
+				if _, err := s.Send(ctx, "pump-7", "stop", nil); !errors.Is(err, ErrLost) {
+					t.Fatalf("send after LOST: %v, want ErrLost", err)
+				}
+				if n := len(rs.seen()); n != tc.wantPubs {
+					t.Fatalf("send after LOST published: responder saw %d commands", n)
+				}
+			}
+		})
+	}
+}
+
+func TestSendLostWhileWaitingStopsResends(t *testing.T) {
+	broker := startMosquitto(t)
+	rs := startResponder(t, broker, "gw-lw", func(wire.Command, int) []delayed { return nil })
+	conn := dial(t, broker, "gw-lw")
+	owner := &FixedFence{Fence: 3}
+	s := NewSender(conn, owner, &SendOptions{ResultTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Send(ctx, "pump-7", "stop", nil)
+		done <- err
+	}()
+	eventually(t, 5*time.Second, "two publishes", func() bool { return len(rs.seen()) >= 2 })
+	owner.Lose(errors.New("test"))
+	err := <-done
+	if !errors.Is(err, ErrLost) {
+		t.Fatalf("send: %v, want ErrLost", err)
+	}
+	n := len(rs.seen())
+	// Give a resend every chance to happen (three Result timeouts).
+	deadline := time.Now().Add(600 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if len(rs.seen()) != n {
+			t.Fatalf("a resend went out after LOST")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSendSerialisedPerDevice(t *testing.T) {
+	broker := startMosquitto(t)
+	var mu sync.Mutex
+	answered := map[string]time.Time{}
+	rs := startResponder(t, broker, "gw-ser", func(c wire.Command, _ int) []delayed {
+		// The first command of each device is slow.
+		d := time.Duration(0)
+		if c.Action == "slow" {
+			d = 300 * time.Millisecond
+		}
+		mu.Lock()
+		answered[c.OpID] = time.Now().Add(d)
+		mu.Unlock()
+		return []delayed{{d, result(c, wire.CodeOK, 9)}}
+	})
+	conn := dial(t, broker, "gw-ser")
+	s := NewSender(conn, &FixedFence{Fence: 9}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	send := func(dev, action string) {
+		defer wg.Done()
+		if _, err := s.Send(ctx, dev, action, nil); err != nil {
+			errs <- err
+		}
+	}
+	wg.Add(1)
+	go send("pump-7", "slow")
+	eventually(t, 5*time.Second, "the slow command to arrive", func() bool { return len(rs.seen()) == 1 })
+	wg.Add(2)
+	go send("pump-7", "fast")
+	go send("valve-1", "fast")
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("send: %v", err)
+	}
+	seen := rs.seen()
+	if len(seen) != 3 {
+		t.Fatalf("saw %d commands, want 3", len(seen))
+	}
+	var slow, fastPump, fastValve seenCmd
+	for _, c := range seen {
+		switch {
+		case c.cmd.Action == "slow":
+			slow = c
+		case deviceOf(c.cmd) == "pump-7":
+			fastPump = c
+		default:
+			fastValve = c
+		}
+	}
+	mu.Lock()
+	slowAnswered := answered[slow.cmd.OpID]
+	mu.Unlock()
+	if fastPump.at.Before(slowAnswered) {
+		t.Fatalf("second pump command arrived at %v, before the first had its Result at %v", fastPump.at, slowAnswered)
+	}
+	if !fastValve.at.Before(slowAnswered) {
+		t.Fatalf("another device's command waited for pump-7 (arrived %v, pump result %v)", fastValve.at, slowAnswered)
+	}
+}
+
+func TestBarrier(t *testing.T) {
+	broker := startMosquitto(t)
+	const fence = 12
+	rs := startResponder(t, broker, "gw-bar", func(c wire.Command, _ int) []delayed {
+		if c.Action != wire.ActionFence {
+			return []delayed{{0, result(c, wire.CodeInvalid, fence)}}
+		}
+		switch deviceOf(c) {
+		case "stale":
+			return []delayed{{0, result(c, wire.CodeStaleFence, fence+3)}}
+		case "nodev":
+			return []delayed{{0, result(c, wire.CodeUnknownDevice, 0)}}
+		}
+		return []delayed{{0, result(c, wire.CodeOK, fence)}}
+	})
+	conn := dial(t, broker, "gw-bar")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	ok := &FixedFence{Fence: fence}
+	if err := NewSender(conn, ok, nil).Barrier(ctx, "pump-7", "valve-1"); err != nil {
+		t.Fatalf("barrier: %v", err)
+	}
+	if n := len(rs.seen()); n != 2 {
+		t.Fatalf("barrier sent %d commands, want 2", n)
+	}
+	bad := &FixedFence{Fence: fence}
+	err := NewSender(conn, bad, nil).Barrier(ctx, "pump-7", "nodev")
+	if !errors.Is(err, ErrBarrier) || errors.Is(err, ErrLost) {
+		t.Fatalf("barrier with unknown device: %v, want ErrBarrier only", err)
+	}
+	stale := &FixedFence{Fence: fence}
+	err = NewSender(conn, stale, nil).Barrier(ctx, "stale")
+	if !errors.Is(err, ErrBarrier) || !errors.Is(err, ErrLost) || stale.Check() == nil {
+		t.Fatalf("barrier on stale device: %v, owner %v; want ErrBarrier, ErrLost", err, stale.Check())
+	}
+}
+
+func TestOpIDsUnique(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 10000; i++ {
+		id := NewOpID()
+		if !wire.ValidOpID(id) || seen[id] {
+			t.Fatalf("op_id %q invalid or repeated after %d", id, i)
+		}
+		seen[id] = true
+	}
+}
+
+func TestDialUnreachableBroker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := Dial(ctx, ConnOptions{Broker: "tcp://127.0.0.1:1", Gateway: "gw", ConnectTimeout: time.Second})
+	if !errors.Is(err, ErrConnect) {
+		t.Fatalf("dial: %v, want ErrConnect", err)
+	}
+}
