@@ -1,0 +1,296 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// openTest opens a real bbolt file in a temp dir and checks its integrity
+// when the test ends.
+func openTest(t testing.TB, o *Options) *Store {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "agent.db")
+	s, err := Open(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() {
+		s.Close()
+		checkIntegrity(t, path)
+	})
+	return s
+}
+
+func checkIntegrity(t testing.TB, path string) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Errorf("integrity: open: %v", err)
+		return
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("integrity check of %s: %v", path, err)
+	}
+}
+
+func finalOp(dev, op string, at time.Time) Op {
+	return Op{Device: dev, OpID: op, Status: OpFinal, Result: wire.StatusApplied, Code: wire.CodeOK,
+		Fence: 1, Action: "set", DecidedAt: at, ReceivedAt: at}
+}
+
+func TestGroupCommitSharesCommitsAcrossDevices(t *testing.T) {
+	s := openTest(t, nil)
+	const devices, per = 64, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, devices*per)
+	for d := 0; d < devices; d++ {
+		wg.Add(1)
+		go func(d int) {
+			defer wg.Done()
+			dev := fmt.Sprintf("dev-%d", d)
+			for i := 1; i <= per; i++ {
+				err := s.Update(context.Background(), func(tx *Tx) error {
+					dv, _, err := tx.Device(dev)
+					if err != nil {
+						return err
+					}
+					dv.LastFence = int64(i)
+					if err := tx.PutDevice(dev, dv); err != nil {
+						return err
+					}
+					return tx.PutOp(finalOp(dev, fmt.Sprintf("op-%d", i), time.Now()))
+				})
+				if err != nil {
+					errs <- err
+				}
+			}
+		}(d)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	err := s.View(func(tx *Tx) error {
+		for d := 0; d < devices; d++ {
+			dv, ok, err := tx.Device(fmt.Sprintf("dev-%d", d))
+			if err != nil || !ok || dv.LastFence != per || dv.Finals != per {
+				return fmt.Errorf("dev-%d: %+v ok=%v err=%v", d, dv, ok, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.Commits(); c >= devices*per {
+		t.Fatalf("%d commits for %d updates: nothing was batched", c, devices*per)
+	}
+	t.Logf("%d updates in %d commits", devices*per, s.Commits())
+}
+
+func TestLastFenceNeverMovesBack(t *testing.T) {
+	s := openTest(t, nil)
+	put := func(f int64) error {
+		return s.Update(context.Background(), func(tx *Tx) error { return tx.PutDevice("p", Device{LastFence: f}) })
+	}
+	if err := put(42); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction that would lower it aborts, and that fails the store.
+	if err := put(41); err == nil || !errors.Is(err, ErrFailed) {
+		t.Fatalf("lowering last_fence: got %v, want ErrFailed", err)
+	}
+	select {
+	case <-s.Failed():
+	default:
+		t.Fatal("store not marked failed")
+	}
+	if err := put(43); !errors.Is(err, ErrFailed) {
+		t.Fatalf("update after a failure: got %v, want ErrFailed", err)
+	}
+	s.View(func(tx *Tx) error {
+		d, _, _ := tx.Device("p")
+		if d.LastFence != 42 {
+			t.Fatalf("last_fence = %d, want 42", d.LastFence)
+		}
+		return nil
+	})
+}
+
+func TestInjectedCommitFailureStopsTheStore(t *testing.T) {
+	var n int
+	s := openTest(t, &Options{FailCommit: func() error {
+		n++
+		if n == 2 {
+			return errors.New("disk on fire")
+		}
+		return nil
+	}})
+	ctx := context.Background()
+	if err := s.Update(ctx, func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 1}) }); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Update(ctx, func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 2}) })
+	if !errors.Is(err, ErrFailed) {
+		t.Fatalf("got %v, want ErrFailed", err)
+	}
+	if s.Err() == nil {
+		t.Fatal("Err() is nil after a failed commit")
+	}
+	if err := s.Update(ctx, func(tx *Tx) error { return nil }); !errors.Is(err, ErrFailed) {
+		t.Fatalf("got %v, want ErrFailed", err)
+	}
+	s.View(func(tx *Tx) error {
+		d, _, _ := tx.Device("a")
+		if d.LastFence != 1 {
+			t.Fatalf("the failed commit's write is visible: last_fence %d", d.LastFence)
+		}
+		return nil
+	})
+}
+
+func TestSecondOpenIsLocked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.db")
+	s, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	start := time.Now()
+	_, err = Open(path, &Options{ReadOnly: true, OpenTimeout: 300 * time.Millisecond})
+	if !errors.Is(err, ErrLocked) {
+		t.Fatalf("got %v, want ErrLocked", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestInboxAndOutboxOrder(t *testing.T) {
+	s := openTest(t, nil)
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		if err := s.Update(ctx, func(tx *Tx) error {
+			if _, err := tx.InboxAppend("d:p", "p", fmt.Sprintf("op-%d", i)); err != nil {
+				return err
+			}
+			_, err := tx.OutboxAppend(Outbox{Topic: "t", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Update(ctx, func(tx *Tx) error { return tx.InboxDelete("d:p", 1) }); err != nil {
+		t.Fatal(err)
+	}
+	var in []string
+	var out []uint64
+	s.View(func(tx *Tx) error {
+		tx.Inbox(func(e InboxEntry) error { in = append(in, e.OpID); return nil })
+		return tx.Outbox(func(e Outbox) error { out = append(out, e.Seq); return nil })
+	})
+	if fmt.Sprint(in) != "[op-1 op-2 op-3 op-4]" || fmt.Sprint(out) != "[1 2 3 4 5]" {
+		t.Fatalf("inbox %v outbox %v", in, out)
+	}
+}
+
+func TestRetention(t *testing.T) {
+	s := openTest(t, nil)
+	ctx := context.Background()
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// Device p: 10 final records a day apart, one queued, one unknown and
+	// one final whose Result is still in the outbox.
+	err := s.Update(ctx, func(tx *Tx) error {
+		for i := 0; i < 10; i++ {
+			if err := tx.PutOp(finalOp("p", fmt.Sprintf("f%d", i), base.Add(time.Duration(i)*24*time.Hour))); err != nil {
+				return err
+			}
+		}
+		if err := tx.PutOp(Op{Device: "p", OpID: "q", Status: OpQueued, ReceivedAt: base}); err != nil {
+			return err
+		}
+		if err := tx.PutOp(Op{Device: "p", OpID: "u", Status: OpUnknown, ReceivedAt: base, DecidedAt: base}); err != nil {
+			return err
+		}
+		if err := tx.PutOp(finalOp("p", "unpub", base)); err != nil {
+			return err
+		}
+		_, err := tx.OutboxAppend(Outbox{Topic: "t", Device: "p", OpID: "unpub"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func() map[string]bool {
+		m := map[string]bool{}
+		s.View(func(tx *Tx) error { return tx.Ops("p", func(o Op) error { m[o.OpID] = true; return nil }) })
+		return m
+	}
+	sweep := func(now time.Time, keep uint64) int {
+		var n int
+		if err := s.Update(ctx, func(tx *Tx) error {
+			var err error
+			n, err = tx.Sweep(now, 7*24*time.Hour, keep, 1000)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// At day 12 with keep_last 3: f0..f4 are older than 7 days; none of
+	// them is among the last 3 (f7,f8,f9 and unpub are the newest finals).
+	if n := sweep(base.Add(12*24*time.Hour), 3); n != 5 {
+		t.Fatalf("deleted %d, want 5 (f0..f4)", n)
+	}
+	got := ids()
+	for _, want := range []string{"f5", "f6", "f7", "f8", "f9", "q", "u", "unpub"} {
+		if !got[want] {
+			t.Errorf("%s was deleted", want)
+		}
+	}
+	for _, gone := range []string{"f0", "f4"} {
+		if got[gone] {
+			t.Errorf("%s was kept", gone)
+		}
+	}
+	// A wall-clock jump of ten years: everything is "old", but the last 3
+	// finals survive, and so do queued, unknown and unpublished records.
+	sweep(base.Add(10*365*24*time.Hour), 3)
+	got = ids()
+	for _, want := range []string{"f8", "f9", "q", "u", "unpub"} {
+		if !got[want] {
+			t.Errorf("after a clock jump, %s was deleted", want)
+		}
+	}
+	if got["f5"] || got["f6"] {
+		t.Errorf("after a clock jump, old records beyond the last 3 were kept: %v", got)
+	}
+	// Once published, the old final record may go.
+	var seq uint64
+	s.View(func(tx *Tx) error { return tx.Outbox(func(e Outbox) error { seq = e.Seq; return nil }) })
+	if err := s.Update(ctx, func(tx *Tx) error { return tx.OutboxDelete(seq) }); err != nil {
+		t.Fatal(err)
+	}
+	sweep(base.Add(10*365*24*time.Hour), 0)
+	if got := ids(); got["unpub"] || got["f9"] || !got["q"] || !got["u"] {
+		t.Errorf("keep_last 0 after publishing: %v, want only q and u", got)
+	}
+}
