@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestTwoContendersOneActive(t *testing.T) {
@@ -78,5 +82,196 @@ func TestTwoContendersOneActive(t *testing.T) {
 	// A used holder never acquires again.
 	if err := first.h.Acquire(ctx); !errors.Is(err, ErrUsed) {
 		t.Fatalf("re-acquire: %v, want ErrUsed", err)
+	}
+}
+
+func TestKilledHolderExpires(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	const ttl = 2 * time.Second
+	p := startHolderProc(t, c.Endpoints(), "locks/kill", ttl)
+	fa := p.fence()
+
+	b := NewHolder(cli, []string{"locks/kill"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	done := make(chan error, 1)
+	go func() { done <- b.Acquire(context.Background()) }()
+	eventually(t, 5*time.Second, "B queued behind A", func() bool { return len(keysUnder(t, cli, "locks/kill")) == 2 })
+	if s := b.State(); s != StateAcquiring {
+		t.Fatalf("B is %s while A holds", s)
+	}
+	killed := time.Now()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	if err := <-done; err != nil {
+		t.Fatalf("B acquire after A was killed: %v", err)
+	}
+	waited := time.Since(killed)
+	t.Logf("B became ACTIVE %v after A was killed (TTL %v), fences A=%d B=%d", waited, ttl, fa, b.Fence())
+	// A never released: B got the lock only once A's lease ran out.
+	if waited < ttl/2 || waited > ttl+2*time.Second {
+		t.Fatalf("B waited %v after the kill, want about the TTL %v", waited, ttl)
+	}
+	if b.Fence() <= fa {
+		t.Fatalf("B's fence %d not above the killed holder's %d", b.Fence(), fa)
+	}
+	if err := b.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStoppedHolderReportsLost(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	const ttl = 2 * time.Second
+	p := startHolderProc(t, c.Endpoints(), "locks/stop", ttl)
+	fa := p.fence()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	b, err := Acquire(context.Background(), cli, []string{"locks/stop"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("B acquire while A is stopped: %v", err)
+	}
+	t.Logf("B ACTIVE %v after SIGSTOP of A; fences A=%d B=%d", time.Since(stopped), fa, b.Fence())
+	if b.Fence() <= fa {
+		t.Fatalf("B fence %d <= A fence %d", b.Fence(), fa)
+	}
+	// B writes under its ownership while A is frozen.
+	if _, err := cli.Txn(context.Background()).If(clientv3.Compare(clientv3.CreateRevision(b.Key("locks/stop")), "=", b.Fence())).
+		Then(clientv3.OpPut("data/stop", "B")).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.Join(p.output(), "\n"), "LOST") {
+		t.Fatal("A reported LOST while stopped: it was not frozen")
+	}
+	p.send("check")
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	line := p.waitLine(5*time.Second, "CHECK ")
+	if !strings.HasPrefix(line, "CHECK LOST") || !strings.Contains(line, ErrLost.Error()) {
+		t.Fatalf("A after resuming: %q, want LOST", line)
+	}
+	p.waitLine(5*time.Second, "STATE LOST")
+	// And A's late release removes nothing of B's.
+	p.send("release")
+	rl := p.waitLine(5*time.Second, "RELEASE ")
+	if !strings.Contains(rl, ErrNotOwner.Error()) {
+		t.Fatalf("A's release: %q", rl)
+	}
+	if b.Check() != nil || len(keysUnder(t, cli, "locks/stop")) != 1 {
+		t.Fatalf("B after A's late release: %v, keys %+v", b.Check(), keysUnder(t, cli, "locks/stop"))
+	}
+}
+
+func TestLateReleaseKeepsNewHolder(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	direct := c.Client(t)
+	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	viaProxy := newClient(t, proxy.URL())
+	const ttl = 2 * time.Second
+	var la stateLog
+	a, err := Acquire(context.Background(), viaProxy, []string{"locks/late"}, &LockOptions{TTL: ttl, OnState: la.on, ReleaseTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A's keepalives stop reaching etcd.
+	proxy.Pause()
+	paused := time.Now()
+	eventually(t, 5*time.Second, "A LOST", func() bool { return a.State() == StateLost })
+	lostAfter := time.Since(paused)
+	if a.Context().Err() == nil || !errors.Is(context.Cause(a.Context()), ErrRenewalOverdue) {
+		t.Fatalf("A's context after LOST: %v (cause %v)", a.Context().Err(), context.Cause(a.Context()))
+	}
+	if lostAfter > ttl {
+		t.Fatalf("A noticed the loss %v after the pause, later than the TTL %v", lostAfter, ttl)
+	}
+	b, err := Acquire(context.Background(), direct, []string{"locks/late"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	if proxy.Held() == 0 {
+		t.Fatal("the proxy held no traffic: the pause did not happen")
+	}
+	t.Logf("A LOST %v after the pause; B ACTIVE %v after it; fences A=%d B=%d", lostAfter, time.Since(paused), a.Fence(), b.Fence())
+	proxy.Resume()
+	err = a.Release(context.Background())
+	if !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("late release: %v, want ErrNotOwner", err)
+	}
+	keys := keysUnder(t, direct, "locks/late")
+	if len(keys) != 1 || keys[0].Rev != b.Fence() || b.Check() != nil {
+		t.Fatalf("after the late release: keys %+v, B check %v; want B's key (rev %d)", keys, b.Check(), b.Fence())
+	}
+	if got, want := la.states(), []State{StateAcquiring, StateActive, StateLost}; !slices.Equal(got, want) {
+		t.Fatalf("A transitions %v, want %v", got, want)
+	}
+	if err := b.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lossyKV executes transactions for real but loses the first n answers,
+// as when the response to a lock request is lost on the network.
+type lossyKV struct {
+	clientv3.KV
+	drop atomic.Int32
+}
+
+func (l *lossyKV) Txn(ctx context.Context) clientv3.Txn {
+	return &lossyTxn{Txn: l.KV.Txn(ctx), kv: l}
+}
+
+type lossyTxn struct {
+	clientv3.Txn
+	kv *lossyKV
+}
+
+func (t *lossyTxn) If(cs ...clientv3.Cmp) clientv3.Txn  { t.Txn = t.Txn.If(cs...); return t }
+func (t *lossyTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *lossyTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+func (t *lossyTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err == nil && t.kv.drop.Add(-1) >= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	return resp, err
+}
+
+func TestLostAcquireResponse(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	direct := c.Client(t)
+	lossy := newClient(t, c.Endpoints()...)
+	kv := &lossyKV{KV: lossy.KV}
+	kv.drop.Store(1)
+	lossy.KV = kv
+	a, err := Acquire(context.Background(), lossy, []string{"locks/lostresp"}, &LockOptions{TTL: 5 * time.Second, AcquireTimeout: 5 * time.Second, BackoffBase: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("acquire with a lost response: %v", err)
+	}
+	if kv.drop.Load() >= 0 || len(a.Attempts()) < 2 {
+		t.Fatalf("the lost response did not happen (drop %d, attempts %d)", kv.drop.Load(), len(a.Attempts()))
+	}
+	keys := keysUnder(t, direct, "locks/lostresp")
+	if len(keys) != 1 || keys[0].Rev != a.Fence() || keys[0].Lease != int64(a.Lease()) {
+		t.Fatalf("keys %+v; want exactly one, A's (rev %d, lease %x)", keys, a.Fence(), a.Lease())
+	}
+	leases, err := direct.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases.Leases) != 1 {
+		t.Fatalf("%d live leases, want 1 (no second session of the same controller)", len(leases.Leases))
+	}
+	// A second workflow cannot become ACTIVE while A is.
+	_, err = Acquire(context.Background(), direct, []string{"locks/lostresp"}, &LockOptions{TTL: 5 * time.Second, AcquireTimeout: 700 * time.Millisecond})
+	if !errors.Is(err, ErrAcquireTimeout) {
+		t.Fatalf("second acquire while A is ACTIVE: %v", err)
+	}
+	if err := a.Release(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
