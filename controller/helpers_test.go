@@ -3,11 +3,6 @@ package controller
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -86,53 +81,8 @@ func newClient(t *testing.T, endpoints ...string) *clientv3.Client {
 	return cli
 }
 
-// startMosquitto runs a real mosquitto on a free loopback port and returns
-// its URL; it is stopped in t.Cleanup.
-func startMosquitto(t *testing.T) string {
-	t.Helper()
-	bin := "/usr/sbin/mosquitto"
-	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("mosquitto not installed: %v", err)
-	}
-	for try := 0; try < 3; try++ {
-		addr := etcdtest.FreeAddr(t)
-		_, port, _ := net.SplitHostPort(addr)
-		dir := t.TempDir()
-		conf := filepath.Join(dir, "mosquitto.conf")
-		body := fmt.Sprintf("listener %s 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 0\n", port)
-		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		logf, err := os.Create(filepath.Join(dir, "mosquitto.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(bin, "-c", conf)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start mosquitto: %v", err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			select {
-			case <-done:
-				deadline = time.Time{}
-				continue
-			default:
-			}
-			if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-				c.Close()
-				return "tcp://" + addr
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	t.Fatal("mosquitto did not start")
-	return ""
-}
+// startMosquitto runs a real mosquitto; see etcdtest.StartMosquitto.
+func startMosquitto(t *testing.T) string { return etcdtest.StartMosquitto(t) }
 
 // responder stands in for the agent in Send's unit tests only: it answers
 // each command with whatever the script returns, so the controller's

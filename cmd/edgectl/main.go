@@ -1,0 +1,71 @@
+// Command edgectl is the operator's tool for edge-agent (PROTOCOL.md §4):
+// `send` one fenced command and await its Result, `watch` Results and
+// device states, `status` of an agent's devices. main is wiring only.
+//
+// Exit status: 0 when the command was applied (or watch/status succeeded),
+// 1 for any other outcome or failure, 2 for a usage error.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// usageError marks an error as the user's (exit status 2).
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
+
+// outcomeError is a Result that was received but not applied: the Result
+// is already printed, the exit status is 1.
+type outcomeError struct{ err error }
+
+func (e *outcomeError) Error() string { return e.err.Error() }
+func (e *outcomeError) Unwrap() error { return e.err }
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run executes edgectl with args and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := &cobra.Command{
+		Use:           "edgectl",
+		Short:         "Send fenced commands to edge-agent devices and watch them",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	root.AddCommand(sendCmd(), watchCmd(), statusCmd())
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "edgectl:", err)
+	var ue *usageError
+	if errors.As(err, &ue) || isCobraUsage(err) {
+		return 2
+	}
+	return 1
+}
+
+// isCobraUsage recognises cobra's own argument errors, which it does not
+// type.
+func isCobraUsage(err error) bool {
+	s := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "required flag", "accepts ", "invalid argument"} {
+		if strings.Contains(s, p) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/edge-agent/edge-agent/controller"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+type sendFlags struct {
+	broker, gateway, device, action string
+	params                          []string
+	fence                           int64
+	lock, etcd                      string
+	opID                            string
+	timeout                         time.Duration
+	prefix                          string
+	ttl                             time.Duration
+}
+
+func sendCmd() *cobra.Command {
+	var f sendFlags
+	c := &cobra.Command{
+		Use:   "send",
+		Short: "Send one command and wait for its Result (exit 0 when applied)",
+		Long: `Send one command to a device through the agent and wait for its final Result.
+
+The fence is either given (--fence N) or taken from an etcd lock
+(--lock NAME --etcd URL[,URL...]): edgectl acquires the lock, uses the lock
+key's create revision as the fence, sends, and releases the lock.
+--param KEY=VALUE reads VALUE as JSON when it parses (rpm=1200, on=true),
+else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runSend(cmd.Context(), f, cmd.OutOrStdout()) },
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 (required)")
+	fl.StringVar(&f.gateway, "gateway", "", "gateway ID (required)")
+	fl.StringVar(&f.device, "device", "", "device ID (required)")
+	fl.StringVar(&f.action, "action", "", "action (required)")
+	fl.StringArrayVar(&f.params, "param", nil, "KEY=VALUE parameter, repeatable")
+	fl.Int64Var(&f.fence, "fence", 0, "fencing token to send (or use --lock and --etcd)")
+	fl.StringVar(&f.lock, "lock", "", "etcd lock to take first; its key's revision is the fence")
+	fl.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (with --lock)")
+	fl.StringVar(&f.opID, "op-id", "", "op_id (default: a fresh random one); reuse it to resend the same operation")
+	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "overall deadline (lock, send and Result)")
+	fl.StringVar(&f.prefix, "prefix", wire.DefaultPrefix, "MQTT topic prefix")
+	fl.DurationVar(&f.ttl, "lock-ttl", 10*time.Second, "lease TTL of the lock (with --lock)")
+	return c
+}
+
+// parseParams turns KEY=VALUE pairs into a JSON object; VALUE is JSON when
+// it parses, else a string.
+func parseParams(kvs []string) (json.RawMessage, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := map[string]json.RawMessage{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usagef("--param %q: want KEY=VALUE", kv)
+		}
+		if _, dup := m[k]; dup {
+			return nil, usagef("--param %q: key %q given twice", kv, k)
+		}
+		if json.Valid([]byte(v)) && strings.TrimSpace(v) != "" {
+			m[k] = json.RawMessage(strings.TrimSpace(v))
+		} else {
+			b, _ := json.Marshal(v)
+			m[k] = b
+		}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, usagef("--param: %v", err)
+	}
+	return b, nil
+}
+
+func (f sendFlags) validate() error {
+	switch {
+	case f.broker == "":
+		return usagef("--broker is required")
+	case f.gateway == "":
+		return usagef("--gateway is required")
+	case f.device == "":
+		return usagef("--device is required")
+	case !wire.ValidDeviceID(f.device):
+		return usagef("--device %q is not a valid device ID ([A-Za-z0-9_.-]{1,64})", f.device)
+	case f.action == "":
+		return usagef("--action is required")
+	case !wire.ValidAction(f.action):
+		return usagef("--action %q is not a valid action ([a-z][a-z0-9_]{0,63})", f.action)
+	case f.opID != "" && !wire.ValidOpID(f.opID):
+		return usagef("--op-id %q is not a valid op_id ([A-Za-z0-9._:-]{1,128})", f.opID)
+	case f.timeout <= 0:
+		return usagef("--timeout must be positive")
+	}
+	byFence := f.fence != 0
+	byLock := f.lock != "" || f.etcd != ""
+	switch {
+	case byFence && byLock:
+		return usagef("give either --fence or --lock with --etcd, not both")
+	case !byFence && !byLock:
+		return usagef("give --fence N, or --lock NAME with --etcd URL")
+	case byFence && f.fence < 1:
+		return usagef("--fence must be from 1 to 2^63-1")
+	case byLock && (f.lock == "" || f.etcd == ""):
+		return usagef("--lock and --etcd go together")
+	}
+	return nil
+}
+
+func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	params, err := parseParams(f.params)
+	if err != nil {
+		return err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+
+	conn, err := controller.Dial(ctx, controller.ConnOptions{Broker: f.broker, Gateway: f.gateway, Prefix: f.prefix})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	var owner controller.Owner
+	var holder *controller.Holder
+	if f.fence != 0 {
+		owner = &controller.FixedFence{Fence: f.fence, Holder: "edgectl/" + conn.ControllerID()}
+	} else {
+		eps := strings.Split(f.etcd, ",")
+		cli, err := dialEtcd(ctx, eps)
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		holder, err = controller.Acquire(ctx, cli, []string{f.lock}, &controller.LockOptions{
+			TTL: f.ttl, AcquireTimeout: f.timeout, Name: "edgectl/" + conn.ControllerID(),
+		})
+		if err != nil {
+			return fmt.Errorf("lock %s: %w", f.lock, err)
+		}
+		defer func() {
+			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer rcancel()
+			_ = holder.Release(rctx)
+		}()
+		owner = holder
+	}
+	s := controller.NewSender(conn, owner, nil)
+	var opts []controller.CallOption
+	if f.opID != "" {
+		opts = append(opts, controller.WithOpID(f.opID))
+	}
+	sctx := ctx
+	if holder != nil {
+		// Stop waiting as soon as the lock is lost.
+		var scancel context.CancelFunc
+		sctx, scancel = mergeCancel(ctx, holder.Context())
+		defer scancel()
+	}
+	r, err := s.Send(sctx, f.device, f.action, params, opts...)
+	if r.OpID != "" {
+		b, _ := json.MarshalIndent(r, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+	}
+	if err != nil {
+		var re *controller.ResultError
+		if errors.As(err, &re) {
+			return &outcomeError{err}
+		}
+		return err
+	}
+	return nil
+}
+
+// mergeCancel returns a context that ends when either a or b does.
+func mergeCancel(a, b context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(a)
+	stop := context.AfterFunc(b, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// dialEtcd returns a client once one endpoint answers, or an error naming
+// the endpoints.
+func dialEtcd(ctx context.Context, eps []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 3 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(eps, ","), err)
+	}
+	var errs []error
+	for _, ep := range eps {
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := cli.Status(sctx, ep)
+		cancel()
+		if err == nil {
+			return cli, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+	}
+	cli.Close()
+	return nil, fmt.Errorf("etcd unreachable: %w", errors.Join(errs...))
+}
