@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,14 +47,18 @@ type Delivery struct {
 // required; zero values of the rest mean the documented defaults.
 type Options struct {
 	Config    *config.Config
-	Store     *store.Store                    // started
-	Publisher Publisher                       // the MQTT session
-	Drivers   map[string]device.Driver        // per device ID
-	Policy    policy.Evaluator                // nil: allow everything
-	Logger    *slog.Logger                    // nil: slog.Default()
-	Registry  prometheus.Registerer           // nil: metrics are not registered
-	Now       func() time.Time                // nil: time.Now
-	Crash     func(point, opID string)        // test hook at crash points; nil: none
+	Store     *store.Store             // started
+	Publisher Publisher                // the MQTT session
+	Drivers   map[string]device.Driver // per device ID
+	Policy    policy.Evaluator         // nil: allow everything
+	Logger    *slog.Logger             // nil: slog.Default()
+	Registry  prometheus.Registerer    // nil: metrics are not registered
+	Now       func() time.Time         // nil: time.Now
+	// CrashAt arms a crash point for fault-injection tests: "POINT" or
+	// "POINT:OP_ID", POINT one of after_pending, after_write, before_ack.
+	// At it, Kill is called (a real SIGKILL in cmd/edge-agent). "": none.
+	CrashAt   string
+	Kill      func(point, opID string)
 	KeyRand   func() string                   // nil: 8 random hex digits
 	QueryWait func(attempt int) time.Duration // wait between ops queries; nil: 100ms doubling to 5s
 }
@@ -268,10 +273,34 @@ func (a *Agent) stoppingNow() bool {
 	}
 }
 
+// crashArmed reports whether the crash point is armed for opID.
+func (a *Agent) crashArmed(point, opID string) bool {
+	if a.o.CrashAt == "" || a.o.Kill == nil {
+		return false
+	}
+	p, op, _ := strings.Cut(a.o.CrashAt, ":")
+	return p == point && (op == "" || op == opID)
+}
+
 // crash is a test hook: a real SIGKILL of the process at a named point.
 func (a *Agent) crash(point, opID string) {
-	if a.o.Crash != nil {
-		a.o.Crash(point, opID)
+	if a.crashArmed(point, opID) {
+		a.o.Kill(point, opID)
+	}
+}
+
+// waitPublished waits (bounded) until op has a final record whose Result
+// left the outbox: the before_ack crash point kills after the Result went
+// out, so the broker's redelivery meets a recorded outcome.
+func (a *Agent) waitPublished(dev, op string, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		var o store.Op
+		a.st.View(func(tx *store.Tx) error { o, _, _ = tx.Op(dev, op); return nil })
+		if o.Status == store.OpFinal && o.Unpublished == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

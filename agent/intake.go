@@ -137,7 +137,8 @@ func (a *Agent) admit(d Delivery) *arrival {
 			}
 			return nil
 		}
-		if w.depth.Load() >= w.limit {
+		// The inbox holds the command in hand plus up to limit waiting.
+		if w.depth.Load() > w.limit {
 			ar.kind = admitBusy
 			return nil
 		}
@@ -196,6 +197,10 @@ func (a *Agent) ackLoop() {
 				Status: wire.StatusRejected, Code: wire.CodeBusy,
 				Reason:    fmt.Sprintf("the queue of %s is full (%d commands); retry later with backoff", ar.dev, rt.w.limit),
 				LastFence: rt.lastFence.Load(), At: a.now().UTC()})
+		}
+		if ar.kind == admitQueued && a.crashArmed("before_ack", ar.cmd.OpID) {
+			a.waitPublished(ar.dev, ar.cmd.OpID, 10*time.Second)
+			a.crash("before_ack", ar.cmd.OpID)
 		}
 		if ar.d.Ack != nil {
 			ar.d.Ack()

@@ -3,54 +3,20 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
-	"github.com/edge-agent/edge-agent/config"
 	"github.com/edge-agent/edge-agent/policy"
 )
-
-// buildPolicy loads every plugin a device binds; nil when none does. A load
-// error (missing export, wrong ABI, config rejected) is a configuration
-// error: exit 2.
-func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*policy.Host, error) {
-	var bound bool
-	for _, d := range cfg.Devices {
-		bound = bound || d.Policy != nil
-	}
-	if !bound {
-		return nil, nil
-	}
-	h := policy.NewHost(policy.HostOptions{CacheDir: filepath.Join(cfg.DataDir, "wazero-cache"), Logger: log, Registerer: reg})
-	for i, d := range cfg.Devices {
-		if d.Policy == nil {
-			continue
-		}
-		b := policy.Binding{Plugin: d.Policy.Plugin, Path: filepath.Join(cfg.Plugins.Dir, d.Policy.Plugin+".wasm"), Config: d.Policy.ConfigJSON}
-		if l := d.Policy.Limits; l != nil {
-			b.Limits = policy.Limits{CallTimeout: l.Timeout.D(), MemoryMiB: l.MemoryMiB, MaxInput: l.MaxInput, MaxOutput: l.MaxOutput}
-		}
-		if err := h.Bind(d.ID, b); err != nil {
-			return nil, configErr(fmt.Errorf("devices[%d] (%s).policy: %w", i, d.ID, err))
-		}
-	}
-	if err := h.Start(ctx); err != nil {
-		return nil, configErr(err)
-	}
-	return h, nil
-}
 
 func policyCmd() *cobra.Command {
 	c := &cobra.Command{Use: "policy", Short: "Policy plugin tools"}
 	var plugin, command, state, cfgFile string
 	t := &cobra.Command{
 		Use:   "test",
-		Short: "Evaluate one plugin on one command and print the decision",
+		Short: "Evaluate one plugin on one command and print the decision (exit 0 decided, 1 failed)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if plugin == "" || command == "" {

@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// lastFence reads the device's last_fence from the store file (the agent
+// process must be stopped).
+func (e *env) lastFence(dev string) (int64, store.Op) {
+	e.t.Helper()
+	st, err := store.Open(e.dataDir+"/agent.db", &store.Options{ReadOnly: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer st.Close()
+	var d store.Device
+	var last store.Op
+	st.View(func(tx *store.Tx) error {
+		d, _, _ = tx.Device(dev)
+		return tx.Ops(dev, func(o store.Op) error { last = o; return nil })
+	})
+	return d.LastFence, last
+}
+
+// Invariants 3 and 4: killed after the pending record and before the device
+// write, then after the write and before the outcome: on restart last_fence
+// is intact, the write is resolved with the device, the journal holds it
+// exactly once, and a Result is published.
+func TestCrashPoints(t *testing.T) {
+	for _, point := range []string{"after_pending", "after_write"} {
+		t.Run(point, func(t *testing.T) {
+			e := newEnv(t, pump("pump-7"))
+			e.startProc("EDGE_AGENT_CRASH=" + point + ":op-1")
+			e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
+			if code := e.waitExit(20 * time.Second); code != -1 {
+				t.Fatalf("agent exited %d, want killed by SIGKILL", code)
+			}
+			if !strings.Contains(e.plog.String(), "SIGKILL at crash point") {
+				t.Fatalf("the crash point was not reached:\n%s", e.plog.String())
+			}
+			lf, rec := e.lastFence("pump-7")
+			if lf != 7 || rec.Status != store.OpPending {
+				t.Fatalf("after the crash: last_fence %d, op %s; want 7, pending", lf, rec.Status)
+			}
+			wantJournal := 0
+			if point == "after_write" {
+				wantJournal = 1
+			}
+			if n := len(e.journal()); n != wantJournal {
+				t.Fatalf("journal has %d entries at the crash, want %d", n, wantJournal)
+			}
+			if e.res.count("op-1") != 0 {
+				t.Fatal("a Result was published before the outcome was recorded")
+			}
+			e.startProc()
+			r := e.final("op-1")
+			want(t, r, wire.StatusApplied, wire.CodeOK)
+			if r.LastFence != 7 {
+				t.Fatalf("last_fence %d after restart", r.LastFence)
+			}
+			j := e.journal()
+			if len(j) != 1 || j[0].OpID != "op-1" {
+				t.Fatalf("journal after recovery: %+v", j)
+			}
+			if point == "after_pending" && !strings.HasPrefix(j[0].Key, "op-1.2.") {
+				t.Fatalf("after_pending: applied under key %s; the first key must have been tombstoned and a new one issued", j[0].Key)
+			}
+			// The agent keeps serving, and a resend gets the recorded outcome.
+			e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
+			if r := e.result("op-1", 2); !r.Duplicate || r.Code != wire.CodeOK {
+				t.Fatalf("resend after recovery: %+v", r)
+			}
+		})
+	}
+}
+
+// Invariant 2 across a crash: the agent is killed after the Result went out
+// but before it acknowledged the command; the broker redelivers it, and the
+// redelivery gets the recorded outcome, duplicate.
+func TestRedeliveryAfterKillBeforeAck(t *testing.T) {
+	e := newEnv(t, pump("pump-7"))
+	e.startProc("EDGE_AGENT_CRASH=before_ack:op-1")
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	first := e.result("op-1", 1)
+	want(t, first, wire.StatusApplied, wire.CodeOK)
+	if code := e.waitExit(20 * time.Second); code != -1 {
+		t.Fatalf("agent exited %d, want SIGKILL", code)
+	}
+	e.startProc()
+	dup := e.result("op-1", 2)
+	want(t, dup, wire.StatusApplied, wire.CodeOK)
+	if !dup.Duplicate {
+		t.Fatalf("the redelivery was not answered as a duplicate: %+v", dup)
+	}
+	if n := len(e.journal()); n != 1 {
+		t.Fatalf("journal has %d entries, want 1", n)
+	}
+}
+
+// Invariant 5: a failed commit sends nothing, acknowledges nothing and
+// stops the agent non-zero; the command is redelivered to the next run.
+func TestStoreCommitFailureStopsTheAgent(t *testing.T) {
+	e := newEnv(t, pump("pump-7"))
+	e.startProc("EDGE_AGENT_FAULT_FAIL_COMMIT=1")
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	if code := e.waitExit(20 * time.Second); code != 1 {
+		t.Fatalf("agent exited %d, want 1", code)
+	}
+	if !strings.Contains(e.plog.String(), "injected commit failure") {
+		t.Fatalf("the fault did not happen:\n%s", e.plog.String())
+	}
+	if n := len(e.journal()); n != 0 {
+		t.Fatalf("the device was written: %d entries", n)
+	}
+	if e.res.count("op-1") != 0 {
+		t.Fatal("a Result was published")
+	}
+	// Not acknowledged: the broker still has it for the agent's session.
+	e.startProc()
+	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
+	if n := len(e.journal()); n != 1 {
+		t.Fatalf("journal has %d entries, want 1", n)
+	}
+}
+
+// SIGTERM drains: the write in hand finishes and is recorded; exit 0.
+func TestGracefulStopDrains(t *testing.T) {
+	e := newEnv(t, pump("pump-7"))
+	if err := e.sim.SetFaults(sim.Faults{Device: "pump-7", LatencyMS: 400}); err != nil {
+		t.Fatal(err)
+	}
+	e.startProc()
+	eventually(t, 10*time.Second, "status online", func() bool { return true })
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
+	e.proc.Process.Signal(syscall.SIGTERM)
+	if code := e.waitExit(15 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM, want 0", code)
+	}
+	r := e.final("op-1")
+	want(t, r, wire.StatusApplied, wire.CodeOK)
+	_, rec := e.lastFence("pump-7")
+	if rec.Status != store.OpFinal {
+		t.Fatalf("op left %s after the drain", rec.Status)
+	}
+}

@@ -1,0 +1,421 @@
+// Package e2e tests the whole command path: a real mosquitto (or the
+// embedded broker), real firmware-sim instances over HTTP, a real bbolt
+// store, and the agent in-process or as a real process where a crash is
+// involved.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edge-agent/edge-agent/app"
+	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+const gw = "gw-1"
+
+var (
+	binDir    string
+	buildOnce sync.Once
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if binDir, err = os.MkdirTemp("", "edge-agent-e2e"); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
+// agentBinary builds cmd/edge-agent once, for the tests that run the agent
+// as a real process.
+func agentBinary(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(binDir, "edge-agent")
+	buildOnce.Do(func() {
+		out, err := exec.Command("go", "build", "-o", bin, "../cmd/edge-agent").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("building edge-agent: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return bin
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// devSpec is one device of a test gateway.
+type devSpec struct {
+	id, typ    string
+	queue      int
+	timeout    string
+	retries    int
+	idempotent bool
+	queryable  bool
+	lock       string
+	group      string
+	policy     string // raw YAML of the policy block, indented by 6
+}
+
+func pump(id string) devSpec {
+	return devSpec{id: id, typ: "pump", timeout: "1s", idempotent: true, queryable: true}
+}
+
+// env is one gateway under test.
+type env struct {
+	t       testing.TB
+	broker  string // tcp://...
+	mosq    *mqtttest.Mosquitto
+	sim     *sim.Sim
+	devs    []devSpec
+	dataDir string
+	cfgPath string
+	extra   string // extra top-level YAML
+
+	app   *app.App
+	proc  *exec.Cmd
+	pexit chan error
+	plog  *syncBuf
+
+	res     *collector
+	sender  paho.Client
+	status  <-chan mqtttest.Received
+	started bool
+}
+
+// waitOnline waits for the gateway's status to say online.
+func (e *env) waitOnline() {
+	e.t.Helper()
+	mqtttest.Await(e.t, e.status, 20*time.Second, func(m mqtttest.Received) bool {
+		var s wire.GatewayStatus
+		return json.Unmarshal(m.Payload, &s) == nil && s.State == "online"
+	})
+}
+
+func newEnv(t testing.TB, devs ...devSpec) *env {
+	t.Helper()
+	e := &env{t: t, devs: devs, dataDir: filepath.Join(t.TempDir(), "data")}
+	e.mosq = mqtttest.StartMosquitto(t)
+	e.broker = e.mosq.URL()
+	types := map[string]string{}
+	for _, d := range devs {
+		types[d.id] = d.typ
+	}
+	e.sim = sim.StartForTest(t, types)
+	e.res = newCollector(t, e.broker)
+	e.status = mqtttest.Subscribe(t, e.broker, wire.StatusTopic(wire.DefaultPrefix, gw))
+	e.sender = connect(t, e.broker, fmt.Sprintf("e2e-sender-%d", time.Now().UnixNano()))
+	return e
+}
+
+func (e *env) writeConfig() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-agent-e2e\n", gw, e.dataDir, e.broker)
+	b.WriteString("admin:\n  listen: 127.0.0.1:0\nshutdown_timeout: 5s\n")
+	b.WriteString(e.extra)
+	b.WriteString("devices:\n")
+	for _, d := range e.devs {
+		fmt.Fprintf(&b, "  - id: %s\n    type: %s\n", d.id, d.typ)
+		if d.queue > 0 {
+			fmt.Fprintf(&b, "    queue: %d\n", d.queue)
+		}
+		if d.lock != "" {
+			fmt.Fprintf(&b, "    lock: %s\n", d.lock)
+		}
+		if d.group != "" {
+			fmt.Fprintf(&b, "    group: %s\n", d.group)
+		}
+		fmt.Fprintf(&b, "    driver:\n      url: %s\n      timeout: %s\n      retries: %d\n      idempotent: %v\n      queryable: %v\n",
+			e.sim.URL(), d.timeout, d.retries, d.idempotent, d.queryable)
+		if d.policy != "" {
+			b.WriteString("    policy:\n" + d.policy)
+		}
+	}
+	if e.cfgPath == "" {
+		e.cfgPath = filepath.Join(e.t.TempDir(), "agent.yaml")
+	}
+	if err := os.WriteFile(e.cfgPath, []byte(b.String()), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.cfgPath
+}
+
+// start runs the agent in-process and waits until it is subscribed.
+func (e *env) start() *app.App {
+	e.t.Helper()
+	cfg, err := config.Load(e.writeConfig())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a := app.New(cfg, app.Options{Logger: log, Version: "e2e"})
+	if err := a.Start(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.app = a
+	e.t.Cleanup(func() { e.stop() })
+	eventually(e.t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
+	return a
+}
+
+// stop drains the in-process agent.
+func (e *env) stop() {
+	if e.app == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e.app.Stop(ctx)
+	e.app = nil
+}
+
+// startProc runs the agent as a real process with extra environment.
+func (e *env) startProc(envv ...string) {
+	e.t.Helper()
+	cfg := e.writeConfig()
+	cmd := exec.Command(agentBinary(e.t), "run", "--config", cfg, "--log-level", "warn")
+	cmd.Env = append(os.Environ(), envv...)
+	e.plog = &syncBuf{}
+	cmd.Stdout, cmd.Stderr = e.plog, e.plog
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.proc = cmd
+	ch := make(chan error, 1)
+	e.pexit = ch
+	go func() { ch <- cmd.Wait() }()
+	if !e.started {
+		// First start: the agent's broker session does not exist until it
+		// subscribes, so wait for its retained "online" status.
+		e.started = true
+		e.waitOnline()
+	}
+	e.t.Cleanup(func() {
+		if e.proc == cmd {
+			cmd.Process.Kill()
+			<-ch
+		}
+		if e.t.Failed() {
+			e.t.Logf("agent process log:\n%s", e.plog.String())
+		}
+	})
+}
+
+// waitExit waits for the agent process to end and returns its exit code
+// (-1 when killed by a signal).
+func (e *env) waitExit(within time.Duration) int {
+	e.t.Helper()
+	select {
+	case <-e.pexit:
+	case <-time.After(within):
+		e.t.Fatalf("agent process still running after %s\n%s", within, e.plog.String())
+	}
+	code := e.proc.ProcessState.ExitCode()
+	e.proc = nil
+	return code
+}
+
+// send publishes a command (QoS 1) on the device's cmd topic.
+func (e *env) send(dev string, c any) {
+	e.t.Helper()
+	var b []byte
+	switch v := c.(type) {
+	case []byte:
+		b = v
+	case string:
+		b = []byte(v)
+	default:
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	tok := e.sender.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
+	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		e.t.Fatalf("publish: %v", tok.Error())
+	}
+}
+
+func cmd(op string, fence int64, action string, params string) wire.Command {
+	c := wire.Command{OpID: op, Fence: fence, Action: action}
+	if params != "" {
+		c.Params = json.RawMessage(params)
+	}
+	return c
+}
+
+// result waits for the n-th (1-based) Result of op on the result topics.
+func (e *env) result(op string, n int) wire.Result {
+	e.t.Helper()
+	return e.res.wait(op, n, 20*time.Second)
+}
+
+// final waits for op's first Result that is not unknown.
+func (e *env) final(op string) wire.Result {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 1; ; i++ {
+		r := e.res.wait(op, i, time.Until(deadline))
+		if r.Status != wire.StatusUnknown {
+			return r
+		}
+	}
+}
+
+func (e *env) journal() []sim.Entry { return e.sim.Journal() }
+
+func (e *env) journalOps() []string {
+	var ops []string
+	for _, j := range e.journal() {
+		ops = append(ops, j.OpID)
+	}
+	return ops
+}
+
+func (e *env) admin(path string) (int, []byte) {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.app.AdminAddr() + path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// collector gathers every Result published on the gateway's result topics
+// (and any extra topics) by op_id.
+type collector struct {
+	t    testing.TB
+	mu   sync.Mutex
+	cond *sync.Cond
+	by   map[string][]wire.Result
+	all  atomic.Int64
+}
+
+func newCollector(t testing.TB, url string) *collector {
+	c := &collector{t: t, by: map[string][]wire.Result{}}
+	c.cond = sync.NewCond(&c.mu)
+	c.watch(t, url, wire.ResultFilter(wire.DefaultPrefix, gw))
+	return c
+}
+
+func (c *collector) watch(t testing.TB, url, filter string) {
+	ch := mqtttest.Subscribe(t, url, filter)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case m := <-ch:
+				var r wire.Result
+				if json.Unmarshal(m.Payload, &r) != nil {
+					continue
+				}
+				c.mu.Lock()
+				c.by[r.OpID] = append(c.by[r.OpID], r)
+				c.all.Add(1)
+				c.cond.Broadcast()
+				c.mu.Unlock()
+			}
+		}
+	}()
+}
+
+func (c *collector) count(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.by[op])
+}
+
+func (c *collector) wait(op string, n int, within time.Duration) wire.Result {
+	deadline := time.Now().Add(within)
+	timer := time.AfterFunc(within, func() { c.mu.Lock(); c.cond.Broadcast(); c.mu.Unlock() })
+	defer timer.Stop()
+	c.t.Helper()
+	c.mu.Lock()
+	for len(c.by[op]) < n {
+		if time.Now().After(deadline) {
+			have := fmt.Sprint(c.by[op])
+			c.mu.Unlock()
+			c.t.Fatalf("no Result #%d for op %q within %s (have %s)", n, op, within, have)
+		}
+		c.cond.Wait()
+	}
+	defer c.mu.Unlock()
+	return c.by[op][n-1]
+}
+
+func connect(t testing.TB, url, id string) paho.Client {
+	o := paho.NewClientOptions().AddBroker(url).SetClientID(id).SetCleanSession(true).
+		SetAutoReconnect(true).SetConnectTimeout(5 * time.Second).SetMaxResumePubInFlight(1000)
+	c := paho.NewClient(o)
+	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect %s: %v", url, tok.Error())
+	}
+	t.Cleanup(func() { c.Disconnect(100) })
+	return c
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type (
+	pahoClient  = paho.Client
+	pahoMessage = paho.Message
+)
