@@ -185,6 +185,8 @@ type Holder struct {
 	hbCancel context.CancelFunc
 	wg       sync.WaitGroup
 	lostDone chan struct{} // closed once a LOST holder dropped its session
+	relDone  chan struct{} // closed when the release that won ACTIVE->RELEASING ends
+	relErr   error         // its result
 }
 
 // NewHolder returns an IDLE holder for the named locks. It does no I/O.
@@ -208,6 +210,7 @@ func NewHolder(cli *clientv3.Client, names []string, opts *LockOptions) *Holder 
 		hb:       hb,
 		hbCancel: hbCancel,
 		lostDone: make(chan struct{}),
+		relDone:  make(chan struct{}),
 	}
 }
 
@@ -407,7 +410,7 @@ func (h *Holder) renewOnce(ctx context.Context) error {
 // (during acquisition); a LOST holder keeps them for a late Release.
 func (h *Holder) dropSession(reset bool) {
 	h.mu.Lock()
-	s, lease, last := h.sess, h.lease, h.lastSent
+	s, lease := h.sess, h.lease
 	h.sess = nil
 	if reset {
 		h.lease = clientv3.NoLease
@@ -420,8 +423,16 @@ func (h *Holder) dropSession(reset bool) {
 	}
 	s.Orphan()
 	if err := h.revoke(lease); err != nil {
-		local.hold(h.names, last.Add(h.opts.TTL))
+		local.hold(h.names, h.surelyExpired())
 	}
+}
+
+// surelyExpired is when a lease whose renewals stopped now has run out:
+// the session's own keepalive may have sent a renewal up to now, so the
+// TTL counts from now, plus one request timeout for a renewal still on
+// its way (and never earlier than from the last confirmed renewal).
+func (h *Holder) surelyExpired() time.Time {
+	return time.Now().Add(h.opts.TTL + h.opts.RequestTimeout)
 }
 
 func (h *Holder) revoke(lease clientv3.LeaseID) error {
@@ -502,12 +513,19 @@ func (h *Holder) watch(sess *concurrency.Session, renewed <-chan struct{}) {
 		case <-t.C:
 		case <-maxHold:
 			t.Stop()
+			if !h.transition(StateActive, StateReleasing, nil) {
+				return
+			}
+			h.mu.Lock()
+			h.err = ErrMaxHold
+			h.mu.Unlock()
 			h.cancel(ErrMaxHold)
+			// release waits for this goroutine, so it runs apart; Release
+			// and relDone wait for it.
 			go func() {
-				// Release waits for this goroutine; run it apart.
 				ctx, cancel := context.WithTimeout(context.Background(), h.opts.ReleaseTimeout+h.opts.TTL)
 				defer cancel()
-				_ = h.release(ctx, ErrMaxHold)
+				h.finishRelease(ctx, StateActive)
 			}()
 			return
 		}
@@ -622,6 +640,9 @@ func (h *Holder) Name() string { return h.opts.Name }
 // Fence returns the fencing token of the first lock (the only one for a
 // single-lock holder), or 0 before ACTIVE.
 func (h *Holder) Fence() int64 {
+	if len(h.names) == 0 {
+		return 0
+	}
 	f, _ := h.FenceOf(h.names[0])
 	return f
 }
@@ -679,15 +700,36 @@ func (h *Holder) release(ctx context.Context, reason error) error {
 		if !h.transition(StateActive, StateReleasing, nil) {
 			return h.release(ctx, reason)
 		}
-		if reason != nil {
-			h.mu.Lock()
-			h.err = reason
-			h.mu.Unlock()
-		}
-		h.cancel(errors.Join(ErrNotActive, reason))
+		h.cancel(ErrNotActive)
+		return h.finishRelease(ctx, StateActive)
 	case StateLost:
+		return h.finishRelease(ctx, StateLost)
+	case StateReleasing:
+		// Another release (MaxHold's, or a concurrent call) runs: wait
+		// for its result.
+		select {
+		case <-h.relDone:
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.relErr
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrReleaseUnconfirmed, ctx.Err())
+		}
 	default:
 		return fmt.Errorf("%w (%s)", ErrNotActive, st)
+	}
+}
+
+// finishRelease does the release's I/O for a holder that was st (ACTIVE,
+// now RELEASING, or LOST).
+func (h *Holder) finishRelease(ctx context.Context, st State) (err error) {
+	if st == StateActive {
+		defer func() {
+			h.mu.Lock()
+			h.relErr = err
+			h.mu.Unlock()
+			close(h.relDone)
+		}()
 	}
 	h.hbCancel()
 	h.wg.Wait()
@@ -708,7 +750,7 @@ func (h *Holder) release(ctx context.Context, reason error) error {
 	for k, v := range h.fences {
 		fences[k] = v
 	}
-	sess, lease, last := h.sess, h.lease, h.lastSent
+	sess, lease := h.sess, h.lease
 	h.mu.Unlock()
 
 	var errs []error
@@ -733,8 +775,10 @@ func (h *Holder) release(ctx context.Context, reason error) error {
 			notOwner = true
 		}
 	}
+	var stopped time.Time
 	if sess != nil {
 		sess.Orphan()
+		stopped = h.surelyExpired()
 		if _, err := h.cli.Revoke(rctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			unconfirmed = true
 			errs = append(errs, fmt.Errorf("revoke lease %x: %w", lease, err))
@@ -747,7 +791,10 @@ func (h *Holder) release(ctx context.Context, reason error) error {
 		return h.Err()
 	}
 	if unconfirmed {
-		freeAt := last.Add(h.opts.TTL)
+		freeAt := stopped
+		if freeAt.IsZero() {
+			freeAt = h.surelyExpired()
+		}
 		local.hold(h.names, freeAt)
 		h.mu.Lock()
 		h.freeAt = freeAt

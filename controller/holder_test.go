@@ -3,8 +3,10 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -272,6 +274,119 @@ func TestLostAcquireResponse(t *testing.T) {
 		t.Fatalf("second acquire while A is ACTIVE: %v", err)
 	}
 	if err := a.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMaxHoldReleases(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	var l stateLog
+	h, err := Acquire(context.Background(), cli, []string{"locks/maxhold"}, &LockOptions{TTL: 5 * time.Second, MaxHold: 400 * time.Millisecond, OnState: l.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	<-h.Context().Done()
+	if held := time.Since(start); held > 1500*time.Millisecond {
+		t.Fatalf("context ended after %v, MaxHold is 400ms", held)
+	}
+	if !errors.Is(context.Cause(h.Context()), ErrMaxHold) {
+		t.Fatalf("cause %v, want ErrMaxHold", context.Cause(h.Context()))
+	}
+	if err := h.Release(context.Background()); err != nil {
+		t.Fatalf("release after MaxHold: %v", err)
+	}
+	if s := h.State(); s != StateReleased {
+		t.Fatalf("state %s", s)
+	}
+	if k := keysUnder(t, cli, "locks/maxhold"); len(k) != 0 {
+		t.Fatalf("keys left: %+v", k)
+	}
+	if got, want := l.states(), []State{StateAcquiring, StateActive, StateReleasing, StateReleased}; !slices.Equal(got, want) {
+		t.Fatalf("transitions %v, want %v", got, want)
+	}
+}
+
+func TestOverlappingSetsNoDeadlock(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	sets := [][]string{{"locks/set/b", "locks/set/a"}, {"locks/set/a", "locks/set/b"}, {"locks/set/c", "locks/set/b"}}
+	var active atomic.Int32
+	errs := make(chan error, 3*5)
+	var wg sync.WaitGroup
+	for _, set := range sets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				h, err := Acquire(context.Background(), cli, set, &LockOptions{TTL: 5 * time.Second, AcquireTimeout: 10 * time.Second})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !slices.IsSorted(h.Locks()) {
+					errs <- fmt.Errorf("locks %v not in sorted order", h.Locks())
+				}
+				// Sets 0 and 1 are the same set; set 2 shares "b".
+				if n := active.Add(1); n > 1 {
+					errs <- fmt.Errorf("%d overlapping holders ACTIVE at once", n)
+				}
+				time.Sleep(10 * time.Millisecond) // work while holding
+				active.Add(-1)
+				if err := h.Release(context.Background()); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	direct := c.Client(t)
+	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	viaProxy := newClient(t, proxy.URL())
+	const ttl = 2 * time.Second
+	a, err := Acquire(context.Background(), viaProxy, []string{"locks/unconf"}, &LockOptions{
+		TTL: ttl, ReleaseTimeout: 300 * time.Millisecond, RequestTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Pause()
+	start := time.Now()
+	relDone := make(chan error, 1)
+	go func() { relDone <- a.Release(context.Background()) }()
+	eventually(t, 3*time.Second, "release attempts to be held by the pause", func() bool { return proxy.Held() > 0 })
+	// Another holder in this process must not get the lock before the TTL
+	// is waited out.
+	b, err := Acquire(context.Background(), direct, []string{"locks/unconf"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotB := time.Since(start)
+	if s := a.State(); s != StateReleasing && s != StateReleased {
+		t.Fatalf("A is %s", s)
+	}
+	err = <-relDone
+	took := time.Since(start)
+	t.Logf("unconfirmed release returned after %v (%v); B acquired after %v", took, err, gotB)
+	if err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if took < ttl || gotB < ttl {
+		t.Fatalf("release returned after %v, B acquired after %v: before the TTL %v ran out", took, gotB, ttl)
+	}
+	if a.State() != StateReleased || b.Check() != nil {
+		t.Fatalf("A %s, B %v", a.State(), b.Check())
+	}
+	proxy.Resume()
+	if err := b.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
