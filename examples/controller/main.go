@@ -94,14 +94,17 @@ func run(ctx context.Context, endpoints []string, broker, gateway, device, lock 
 		if err := h.Check(); err != nil {
 			return fmt.Errorf("step %d: stopping: %w", i, err)
 		}
+		// Choosing the op_id up front lets a later resend of the same
+		// operation reuse it.
+		opID := controller.NewOpID()
 		step, cancelStep := context.WithTimeout(work, 10*time.Second)
-		r, err := s.Send(step, device, "set", map[string]any{"rpm": 1000 + 100*i})
+		r, err := s.Send(step, device, "set", map[string]any{"rpm": 1000 + 100*i}, controller.WithOpID(opID))
 		cancelStep()
 		switch {
 		case errors.Is(err, controller.ErrLost):
 			return fmt.Errorf("step %d: lost ownership, stopping (no retry under this fence): %w", i, err)
 		case errors.Is(err, controller.ErrOutcomeUnknown):
-			return fmt.Errorf("step %d: outcome unknown; resend with op_id %s to learn it: %w", i, r.OpID, err)
+			return fmt.Errorf("step %d: outcome unknown; resend op_id %s to learn it: %w", i, opID, err)
 		case err != nil:
 			return fmt.Errorf("step %d: %w", i, err)
 		}
