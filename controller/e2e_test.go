@@ -1,0 +1,484 @@
+package controller
+
+// End-to-end tests: the real edge-agent and firmware-sim, built from this
+// repository and run as processes, with a real mosquitto and real etcd.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+const e2eGateway = "gw-ctl"
+
+var (
+	e2eBuild    sync.Once
+	e2eBinDir   string
+	e2eBuildErr error
+)
+
+// e2eBinaries builds cmd/edge-agent and firmware-sim once per test binary.
+// It skips the test only while the agent's main package does not exist.
+func e2eBinaries(t *testing.T) (agent, simBin string) {
+	t.Helper()
+	if _, err := os.Stat("../cmd/edge-agent/main.go"); err != nil {
+		t.Skip("cmd/edge-agent/main.go does not exist yet: the end-to-end controller tests need the real agent")
+	}
+	e2eBuild.Do(func() {
+		dir, err := os.MkdirTemp("", "controller-e2e")
+		if err != nil {
+			e2eBuildErr = err
+			return
+		}
+		e2eBinDir = dir
+		for _, p := range []string{"edge-agent:../cmd/edge-agent", "firmware-sim:../firmware-sim"} {
+			name, pkg, _ := strings.Cut(p, ":")
+			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
+			if err != nil {
+				e2eBuildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	if e2eBuildErr != nil {
+		t.Fatal(e2eBuildErr)
+	}
+	return filepath.Join(e2eBinDir, "edge-agent"), filepath.Join(e2eBinDir, "firmware-sim")
+}
+
+// proc runs a process until t.Cleanup, with its output kept for failures.
+type proc struct {
+	cmd  *exec.Cmd
+	out  *lockedBuf
+	done chan struct{}
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(name, args...), out: &lockedBuf{}, done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(name), tailString(p.out.String(), 4000))
+		}
+	})
+	return p
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// gateway is a running agent with its firmware simulator.
+type gateway struct {
+	broker, simURL, admin string
+}
+
+func startGateway(t *testing.T, lock string) *gateway {
+	t.Helper()
+	agentBin, simBin := e2eBinaries(t)
+	g := &gateway{broker: startMosquitto(t)}
+	dir := t.TempDir()
+	simAddr := etcdtest.FreeAddr(t)
+	sp := startProc(t, simBin, "--listen", simAddr, "--devices", "pump-7:pump,valve-1:valve", "--journal", filepath.Join(dir, "journal.jsonl"))
+	g.simURL = "http://" + simAddr
+	eventually(t, 15*time.Second, "firmware-sim up", func() bool {
+		select {
+		case <-sp.done:
+			t.Fatalf("firmware-sim exited: %s", sp.out.String())
+		default:
+		}
+		resp, err := http.Get(g.simURL + "/v1/journal")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	adminAddr := etcdtest.FreeAddr(t)
+	g.admin = "http://" + adminAddr
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-agent-%s\n  topic_prefix: edge\n",
+		e2eGateway, filepath.Join(dir, "data"), g.broker, e2eGateway)
+	fmt.Fprintf(&cfg, "admin:\n  listen: %s\nshutdown_timeout: 5s\ndevices:\n", adminAddr)
+	for _, d := range []string{"pump-7:pump", "valve-1:valve"} {
+		id, typ, _ := strings.Cut(d, ":")
+		fmt.Fprintf(&cfg, "  - id: %s\n    type: %s\n", id, typ)
+		if lock != "" && id == "pump-7" {
+			fmt.Fprintf(&cfg, "    lock: %s\n", lock)
+		}
+		fmt.Fprintf(&cfg, "    driver:\n      kind: http\n      url: %s\n      timeout: 1s\n      idempotent: true\n      queryable: true\n", g.simURL)
+	}
+	cfgPath := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ap := startProc(t, agentBin, "run", "--config", cfgPath)
+	eventually(t, 20*time.Second, "edge-agent ready", func() bool {
+		select {
+		case <-ap.done:
+			t.Fatalf("edge-agent exited: %s", ap.out.String())
+		default:
+		}
+		resp, err := http.Get(g.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return g
+}
+
+type journalEntry struct {
+	Seq    int64           `json:"seq"`
+	Device string          `json:"device"`
+	OpID   string          `json:"op_id"`
+	Fence  int64           `json:"fence"`
+	Action string          `json:"action"`
+	Params json.RawMessage `json:"params"`
+}
+
+func (g *gateway) journal(t *testing.T) []journalEntry {
+	t.Helper()
+	resp, err := http.Get(g.simURL + "/v1/journal")
+	if err != nil {
+		t.Fatalf("journal: %v", err)
+	}
+	defer resp.Body.Close()
+	var out []journalEntry
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var e journalEntry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("journal line %q: %v", sc.Text(), err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// recorded returns the agent's recorded outcome of an op, or false.
+func (g *gateway) recorded(t *testing.T, dev, opID string) (wire.Result, bool) {
+	t.Helper()
+	resp, err := http.Get(g.admin + "/v1/devices/" + dev + "/ops/" + opID)
+	if err != nil {
+		t.Fatalf("admin: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, resp.Body)
+		return wire.Result{}, false
+	}
+	var r wire.Result
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatalf("admin op %s: %v", opID, err)
+	}
+	return r, true
+}
+
+func dialGW(t *testing.T, broker string) *Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, ConnOptions{Broker: broker, Gateway: e2eGateway})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// A holder frozen between its ownership check and its write, past its
+// TTL, while another takes over and writes: when it resumes, the agent
+// rejects its command stale_fence, nothing of it reaches the firmware, and
+// it reports LOST.
+func TestE2EPausedHolderIsFenced(t *testing.T) {
+	const lock = "locks/device/pump-7"
+	g := startGateway(t, lock)
+	c := etcdtest.Start(t, 1)
+	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	cliA := newClient(t, proxy.URL())
+	cliB := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ttl = 2 * time.Second
+
+	a, err := Acquire(ctx, cliA, []string{lock}, &LockOptions{TTL: ttl, Name: "A"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := NewSender(dialGW(t, g.broker), a, &SendOptions{ResultTimeout: 2 * time.Second})
+	if err := sa.Barrier(ctx, "pump-7"); err != nil {
+		t.Fatalf("A barrier: %v", err)
+	}
+	if _, err := sa.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1000}); err != nil {
+		t.Fatalf("A's first write: %v", err)
+	}
+
+	// A's next write stops between its check and its publish.
+	const pausedOp = "paused-op-A"
+	paused, resume := make(chan struct{}), make(chan struct{})
+	testHookBeforePublish = func(cmd wire.Command) {
+		if cmd.OpID == pausedOp {
+			close(paused)
+			<-resume
+		}
+	}
+	t.Cleanup(func() { testHookBeforePublish = nil })
+	aErr := make(chan error, 1)
+	go func() {
+		_, err := sa.Send(ctx, "pump-7", "set", map[string]any{"rpm": 2000}, WithOpID(pausedOp))
+		aErr <- err
+	}()
+	<-paused
+	proxy.Pause() // and its keepalives stop reaching etcd
+
+	b, err := Acquire(ctx, cliB, []string{lock}, &LockOptions{TTL: ttl, AcquireTimeout: 15 * time.Second, Name: "B"})
+	if err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	if b.Fence() <= a.Fence() {
+		t.Fatalf("B fence %d <= A fence %d", b.Fence(), a.Fence())
+	}
+	sb := NewSender(dialGW(t, g.broker), b, nil)
+	if err := sb.Barrier(ctx, "pump-7"); err != nil {
+		t.Fatalf("B barrier: %v", err)
+	}
+	rb, err := sb.Send(ctx, "pump-7", "set", map[string]any{"rpm": 3000})
+	if err != nil {
+		t.Fatalf("B's write: %v", err)
+	}
+
+	close(resume) // A wakes up and publishes with its old fence
+	proxy.Resume()
+	var err2 error
+	select {
+	case err2 = <-aErr:
+	case <-ctx.Done():
+		t.Fatal("A's send did not return")
+	}
+	if !errors.Is(err2, ErrLost) {
+		t.Fatalf("A's send after the pause: %v, want ErrLost", err2)
+	}
+	if s := a.State(); s != StateLost {
+		t.Fatalf("A is %s, want LOST", s)
+	}
+	var rec wire.Result
+	eventually(t, 10*time.Second, "the agent to record A's paused command", func() bool {
+		var ok bool
+		rec, ok = g.recorded(t, "pump-7", pausedOp)
+		return ok
+	})
+	if rec.Code != wire.CodeStaleFence || rec.Fence != a.Fence() || rec.LastFence < b.Fence() {
+		t.Fatalf("agent's outcome of A's paused command: %+v; want stale_fence with last_fence >= %d", rec, b.Fence())
+	}
+	for _, e := range g.journal(t) {
+		if e.OpID == pausedOp {
+			t.Fatalf("A's paused command reached the firmware: %+v", e)
+		}
+	}
+	j := g.journal(t)
+	if len(j) != 2 || j[0].Fence != a.Fence() || j[1].Fence != b.Fence() || j[1].OpID != rb.OpID {
+		t.Fatalf("journal %+v; want A's first write then B's", j)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The etcd leader is killed while a lock is held and both holders keep
+// working: the holder either keeps ownership or goes LOST and stops, and
+// the firmware never sees a write of the older holder after one of the
+// newer.
+func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
+	const lock = "locks/device/pump-7"
+	g := startGateway(t, lock)
+	c := etcdtest.Start(t, 3)
+	cliA := newClient(t, c.Endpoints()...)
+	cliB := newClient(t, c.Endpoints()...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ttl = 2 * time.Second
+	a, err := Acquire(ctx, cliA, []string{lock}, &LockOptions{TTL: ttl, RequestTimeout: 500 * time.Millisecond, Name: "A"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := NewSender(dialGW(t, g.broker), a, &SendOptions{ResultTimeout: time.Second})
+	if err := sa.Barrier(ctx, "pump-7"); err != nil {
+		t.Fatal(err)
+	}
+	type applied struct {
+		who string
+		r   wire.Result
+	}
+	var mu sync.Mutex
+	var accepted []applied
+	loop := func(who string, h *Holder, s *Sender, stop <-chan struct{}) {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-h.Context().Done():
+				return
+			default:
+			}
+			if h.Check() != nil {
+				return
+			}
+			sctx, scancel := context.WithTimeout(h.Context(), 5*time.Second)
+			r, err := s.Send(sctx, "pump-7", "set", map[string]any{"rpm": i % 6000})
+			scancel()
+			if err == nil {
+				mu.Lock()
+				accepted = append(accepted, applied{who, r})
+				mu.Unlock()
+			}
+		}
+	}
+	stopA := make(chan struct{})
+	aDone := make(chan struct{})
+	go func() { defer close(aDone); loop("A", a, sa, stopA) }()
+	eventually(t, 10*time.Second, "A's writes to be applied", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(accepted) >= 3
+	})
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(leader)
+	t.Logf("killed etcd leader m%d while A holds fence %d", leader, a.Fence())
+
+	bRes := make(chan error, 1)
+	var b *Holder
+	go func() {
+		var err error
+		b, err = Acquire(ctx, cliB, []string{lock}, &LockOptions{TTL: ttl, AcquireTimeout: 20 * time.Second, RequestTimeout: 500 * time.Millisecond, Name: "B"})
+		bRes <- err
+	}()
+	select {
+	case <-a.Context().Done():
+	case <-time.After(2 * time.Second):
+	}
+	close(stopA)
+	<-aDone
+	aEnd := a.State()
+	_ = a.Release(ctx)
+	if err := <-bRes; err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	sb := NewSender(dialGW(t, g.broker), b, nil)
+	if err := sb.Barrier(ctx, "pump-7"); err != nil {
+		t.Fatal(err)
+	}
+	stopB := make(chan struct{})
+	bDone := make(chan struct{})
+	go func() { defer close(bDone); loop("B", b, sb, stopB) }()
+	eventually(t, 10*time.Second, "B's writes", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return accepted[len(accepted)-1].who == "B"
+	})
+	close(stopB)
+	<-bDone
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("A ended %s (%v); fences A=%d B=%d", aEnd, context.Cause(a.Context()), a.Fence(), b.Fence())
+	if aEnd != StateActive && aEnd != StateLost {
+		t.Fatalf("A ended %s", aEnd)
+	}
+	j := g.journal(t)
+	seenB := false
+	var last int64
+	for _, e := range j {
+		if e.Fence < last {
+			t.Fatalf("journal fence went backwards at %+v", e)
+		}
+		last = e.Fence
+		switch e.Fence {
+		case b.Fence():
+			seenB = true
+		case a.Fence():
+			if seenB {
+				t.Fatalf("a write of A (%+v) reached the firmware after B's", e)
+			}
+		default:
+			t.Fatalf("journal entry with unexpected fence: %+v", e)
+		}
+	}
+	if !seenB {
+		t.Fatalf("no write of B in the journal: %+v", j)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for _, x := range accepted {
+		if x.who == "A" {
+			n++
+		}
+	}
+	nj := 0
+	for _, e := range j {
+		if e.Fence == a.Fence() {
+			nj++
+		}
+	}
+	// A Result A never saw (its context ended first) may still be
+	// applied, never the other way round.
+	if n > nj || n == 0 {
+		t.Fatalf("A had %d writes applied, the journal has %d with its fence", n, nj)
+	}
+}
