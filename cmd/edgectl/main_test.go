@@ -202,3 +202,52 @@ func TestSendNotAppliedExitsOne(t *testing.T) {
 }
 
 func clientv3WithPrefix() clientv3.OpOption { return clientv3.WithPrefix() }
+
+func TestWatchPrintsResultsAndStates(t *testing.T) {
+	broker := etcdtest.StartMosquitto(t)
+	pub := paho.NewClient(paho.NewClientOptions().AddBroker(broker).SetClientID("pub"))
+	if tok := pub.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatal(tok.Error())
+	}
+	defer pub.Disconnect(100)
+	// A retained state published before watch starts is delivered on subscribe.
+	st, _ := json.Marshal(wire.DeviceState{Device: "pump-7", LastFence: 7, State: json.RawMessage(`{"rpm":5}`)})
+	pub.Publish(wire.StateTopic(wire.DefaultPrefix, "gw-w", "pump-7"), 1, true, st).Wait()
+
+	var out lockedWriter
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"watch", "--broker", broker, "--gateway", "gw-w", "--for", "3s"}, &out, &out)
+	}()
+	res, _ := json.Marshal(wire.Result{V: 1, OpID: "op-w", Device: "pump-7", Status: wire.StatusApplied, Code: wire.CodeOK})
+	deadline := time.Now().Add(3 * time.Second)
+	for !strings.Contains(out.String(), "op-w") && time.Now().Before(deadline) {
+		pub.Publish("edge/gw-w/controllers/ctl-1/reply", 1, false, res).Wait()
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code := <-done; code != 0 {
+		t.Fatalf("watch exit %d: %s", code, out.String())
+	}
+	s := out.String()
+	if !strings.Contains(s, "state  edge/gw-w/devices/pump-7/state") || !strings.Contains(s, `"last_fence":7`) ||
+		!strings.Contains(s, "result edge/gw-w/controllers/ctl-1/reply") || !strings.Contains(s, `"op_id":"op-w"`) {
+		t.Fatalf("watch output:\n%s", s)
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
