@@ -1,0 +1,81 @@
+// Command firmware-sim is the simulated device firmware of PROTOCOL.md §2.
+//
+//	firmware-sim [--listen 127.0.0.1:8081] [--journal FILE] --devices pump-7:pump,valve-1:valve
+//
+// It serves until SIGINT or SIGTERM. Exit status: 0 on a clean stop, 2 on a
+// usage error, 1 otherwise.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("firmware-sim", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8081", "address to serve the device API on")
+	journal := fs.String("journal", "", "append every applied write to this file (fsynced), tombstones to FILE.tombstones; reloaded at start")
+	devices := fs.String("devices", "", "the simulated devices, ID:TYPE,... (TYPE: pump, valve, relay, generic)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	devs, err := parseDevices(*devices)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "firmware-sim: --devices: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	s, err := sim.New(sim.Options{Devices: devs, JournalPath: *journal, Logger: log})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "firmware-sim: --devices: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := s.Start(ctx, *listen); err != nil {
+		fmt.Fprintf(os.Stderr, "firmware-sim: %v\n", err)
+		return 1
+	}
+	// The one line on stdout: scripts and tests read the address from it
+	// (useful with --listen 127.0.0.1:0).
+	fmt.Printf("firmware-sim listening on %s\n", s.URL())
+	<-ctx.Done()
+	if err := s.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "firmware-sim: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// parseDevices reads "ID:TYPE,ID:TYPE,...".
+func parseDevices(spec string) (map[string]string, error) {
+	if strings.TrimSpace(spec) == "" {
+		return nil, errors.New("required, e.g. pump-7:pump,valve-1:valve")
+	}
+	devs := map[string]string{}
+	for item := range strings.SplitSeq(spec, ",") {
+		id, typ, ok := strings.Cut(strings.TrimSpace(item), ":")
+		if !ok || id == "" || typ == "" {
+			return nil, fmt.Errorf("%q is not ID:TYPE", item)
+		}
+		if _, dup := devs[id]; dup {
+			return nil, fmt.Errorf("device %s given twice", id)
+		}
+		devs[id] = typ
+	}
+	return devs, nil
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary stand in for the firmware-sim binary: run
+// with FIRMWARE_SIM_MAIN=1 it is main.
+func TestMain(m *testing.M) {
+	if os.Getenv("FIRMWARE_SIM_MAIN") == "1" {
+		os.Exit(run(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// startProcess runs the simulator as its own process and returns its URL.
+func startProcess(t *testing.T, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	lines := make(chan string, 1)
+	go func() {
+		l, _ := bufio.NewReader(stdout).ReadString('\n')
+		lines <- l
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case l := <-lines:
+		url, ok := strings.CutPrefix(strings.TrimSpace(l), "firmware-sim listening on ")
+		if !ok {
+			t.Fatalf("first stdout line = %q", l)
+		}
+		return cmd, url
+	case <-time.After(10 * time.Second):
+		t.Fatal("firmware-sim did not start")
+	}
+	return nil, ""
+}
+
+func post(t *testing.T, url, key, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-Fence-Token", "3")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+// TestJournalSurvivesKill: what was answered 200 or 404 before a SIGKILL is
+// still known after the restart.
+func TestJournalSurvivesKill(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal.jsonl")
+	args := []string{"--listen", "127.0.0.1:0", "--journal", journal, "--devices", "pump-7:pump,valve-1:valve"}
+
+	cmd, url := startProcess(t, args...)
+	for i := range 5 {
+		code, body := post(t, url+"/v1/devices/pump-7/apply", fmt.Sprint("k", i), fmt.Sprintf(`{"op_id":"o%d","action":"set","params":{"rpm":%d}}`, i, 100*i))
+		if code != 200 {
+			t.Fatalf("apply %d: %d %s", i, code, body)
+		}
+	}
+	if code, _ := get(t, url+"/v1/devices/pump-7/ops/never"); code != 404 {
+		t.Fatalf("query: %d", code)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+
+	_, url = startProcess(t, args...)
+	if code, body := get(t, url+"/v1/devices/pump-7/state"); code != 200 || body != `{"rpm":400}` {
+		t.Fatalf("state after restart: %d %s", code, body)
+	}
+	if code, body := post(t, url+"/v1/devices/pump-7/apply", "k2", `{"op_id":"o2","action":"stop"}`); code != 200 || body != `{"applied":true,"state":{"rpm":200}}` {
+		t.Fatalf("repeat after restart: %d %s", code, body)
+	}
+	if code, body := post(t, url+"/v1/devices/pump-7/apply", "never", `{"action":"stop"}`); code != 409 {
+		t.Fatalf("tombstoned key after restart: %d %s", code, body)
+	}
+	code, body := get(t, url+"/v1/journal")
+	if n := len(strings.Split(body, "\n")); code != 200 || n != 5 {
+		t.Fatalf("journal after restart: %d, %d lines:\n%s", code, n, body)
+	}
+}
+
+func TestStopsCleanlyOnSIGTERM(t *testing.T) {
+	cmd, _ := startProcess(t, "--listen", "127.0.0.1:0", "--devices", "r:relay")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--devices", "pump-7"},
+		{"--devices", "pump-7:toaster"},
+		{"--devices", "a:pump,a:valve"},
+		{"--bogus"},
+	} {
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+			t.Errorf("%q: %v, want exit 2; output:\n%s", args, err, out)
+		}
+	}
+}
+
+func TestParseDevices(t *testing.T) {
+	got, err := parseDevices(" pump-7:pump, valve-1:valve ")
+	if err != nil || len(got) != 2 || got["pump-7"] != "pump" || got["valve-1"] != "valve" {
+		t.Fatalf("parseDevices = %v, %v", got, err)
+	}
+}
