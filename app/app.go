@@ -176,6 +176,15 @@ func (a *App) Failed() <-chan struct{} { return a.ag.Failed() }
 // Err is the fatal error.
 func (a *App) Err() error { return a.ag.Err() }
 
+// BrokerURL is the broker the agent is connected to (the embedded one's
+// actual address when broker: embedded).
+func (a *App) BrokerURL() string {
+	if a.brk != nil {
+		return a.brk.URL()
+	}
+	return a.cfg.MQTT.Broker
+}
+
 // Agent returns the running agent.
 func (a *App) Agent() *agent.Agent { return a.ag }
 
