@@ -482,3 +482,54 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 		t.Fatalf("A had %d writes applied, the journal has %d with its fence", n, nj)
 	}
 }
+
+// A real controller process is frozen (SIGSTOP) past its TTL while another
+// takes over and writes; the command it was told to send meanwhile is
+// never sent after it resumes (its ownership check fails first), so
+// nothing of it reaches the firmware, and it reports LOST.
+func TestE2EStoppedProcessSendsNothing(t *testing.T) {
+	const lock = "locks/device/pump-7"
+	g := startGateway(t, lock)
+	c := etcdtest.Start(t, 1)
+	const ttl = 2 * time.Second
+	p := startHolderProc(t, c.Endpoints(), lock, ttl, "HELPER_BROKER="+g.broker, "HELPER_GATEWAY="+e2eGateway)
+	fa := p.fence()
+	p.send("send op-before-stop")
+	if l := p.waitLine(15*time.Second, "SENT op-before-stop"); !strings.Contains(l, " ok <nil>") {
+		t.Fatalf("A's first send: %q", l)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Queued for when it wakes up.
+	p.send("send op-after-stop")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := Acquire(ctx, c.Client(t), []string{lock}, &LockOptions{TTL: ttl, AcquireTimeout: 15 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := NewSender(dialGW(t, g.broker), b, nil)
+	if err := sb.Barrier(ctx, "pump-7"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Send(ctx, "pump-7", "set", map[string]any{"rpm": 3000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	l := p.waitLine(15*time.Second, "SENT op-after-stop")
+	if !strings.Contains(l, ErrLost.Error()) || !strings.Contains(l, "not sent") {
+		t.Fatalf("A after resuming: %q, want not sent, ownership lost", l)
+	}
+	p.waitLine(5*time.Second, "STATE LOST")
+	if _, ok := g.recorded(t, "pump-7", "op-after-stop"); ok {
+		t.Fatal("the agent received A's command after it resumed")
+	}
+	for _, e := range g.journal(t) {
+		if e.OpID == "op-after-stop" || (e.Fence == fa && e.OpID != "op-before-stop") {
+			t.Fatalf("journal has %+v from the stopped holder", e)
+		}
+	}
+}

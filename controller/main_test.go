@@ -57,9 +57,28 @@ func helperHold() int {
 		out <- "ERROR " + err.Error()
 		return 1
 	}
+	var sender *Sender
+	if broker := os.Getenv("HELPER_BROKER"); broker != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		conn, err := Dial(ctx, ConnOptions{Broker: broker, Gateway: os.Getenv("HELPER_GATEWAY")})
+		cancel()
+		if err != nil {
+			out <- "ERROR " + err.Error()
+			return 1
+		}
+		defer conn.Close()
+		sender = NewSender(conn, h, nil)
+	}
 	out <- "FENCE " + strconv.FormatInt(h.Fence(), 10)
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		if op, ok := strings.CutPrefix(sc.Text(), "send "); ok && sender != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			r, err := sender.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1500}, WithOpID(op))
+			cancel()
+			out <- fmt.Sprintf("SENT %s %s %v", op, r.Code, err)
+			continue
+		}
 		switch sc.Text() {
 		case "check":
 			out <- fmt.Sprintf("CHECK %s %v", h.State(), h.Check())
@@ -82,7 +101,7 @@ type holderProc struct {
 	done  chan struct{}
 }
 
-func startHolderProc(t *testing.T, endpoints []string, lock string, ttl time.Duration) *holderProc {
+func startHolderProc(t *testing.T, endpoints []string, lock string, ttl time.Duration, env ...string) *holderProc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -91,6 +110,7 @@ func startHolderProc(t *testing.T, endpoints []string, lock string, ttl time.Dur
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "CONTROLLER_TEST_HELPER=hold",
 		"HELPER_ETCD="+strings.Join(endpoints, ","), "HELPER_LOCK="+lock, "HELPER_TTL="+ttl.String())
+	cmd.Env = append(cmd.Env, env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
