@@ -498,9 +498,7 @@ func TestE2EStoppedProcessSendsNothing(t *testing.T) {
 	if l := p.waitLine(15*time.Second, "SENT op-before-stop"); !strings.Contains(l, " ok <nil>") {
 		t.Fatalf("A's first send: %q", l)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	p.stop()
 	// Queued for when it wakes up.
 	p.send("send op-after-stop")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

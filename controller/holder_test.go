@@ -129,9 +129,7 @@ func TestStoppedHolderReportsLost(t *testing.T) {
 	const ttl = 2 * time.Second
 	p := startHolderProc(t, c.Endpoints(), "locks/stop", ttl)
 	fa := p.fence()
-	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	p.stop()
 	stopped := time.Now()
 	b, err := Acquire(context.Background(), cli, []string{"locks/stop"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
 	if err != nil {

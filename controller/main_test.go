@@ -181,3 +181,24 @@ func (p *holderProc) fence() int64 {
 	}
 	return f
 }
+
+// stop freezes the process with SIGSTOP and waits until the kernel reports
+// it stopped: kill(2) returns before a running process has actually
+// stopped, and a few milliseconds are enough for it to act.
+func (p *holderProc) stop() {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		p.t.Fatal(err)
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	eventually(p.t, 5*time.Second, "process stopped", func() bool {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return false
+		}
+		// The state follows the parenthesised command name.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		return i > 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't')
+	})
+}
