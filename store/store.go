@@ -63,7 +63,23 @@ type Store struct {
 	failedCh  chan struct{}
 	closeOnce sync.Once
 
-	commits uint64 // batches committed, for metrics and benchmarks
+	commits    uint64        // batches committed, for metrics and benchmarks
+	updates    uint64        // updates committed
+	commitTime time.Duration // time spent in committed transactions
+}
+
+// Stats are the group commit's counters.
+type Stats struct {
+	Commits    uint64        // batches committed (one fsync each)
+	Updates    uint64        // updates in them
+	CommitTime time.Duration // total time in bbolt's Update, fsync included
+}
+
+// Stats returns the group commit's counters.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{Commits: s.commits, Updates: s.updates, CommitTime: s.commitTime}
 }
 
 type request struct {
@@ -267,6 +283,7 @@ func (s *Store) drain(err error) {
 
 func (s *Store) commit(batch []*request) error {
 	var hooks []func()
+	start := time.Now()
 	err := s.db.Update(func(btx *bolt.Tx) error {
 		tx := &Tx{tx: btx, write: true}
 		for _, r := range batch {
@@ -287,6 +304,8 @@ func (s *Store) commit(batch []*request) error {
 	}
 	s.mu.Lock()
 	s.commits++
+	s.updates += uint64(len(batch))
+	s.commitTime += time.Since(start)
 	s.mu.Unlock()
 	for _, h := range hooks {
 		h()

@@ -1,0 +1,354 @@
+// Command edge-bench is the end-to-end benchmark of `make bench`: for 1, 8
+// and 64 devices it measures commands per second and p50/p99 latency from
+// publishing a command to receiving its Result through a real mosquitto
+// (started with configs/mosquitto.conf), for edge-agent and for an echo
+// baseline that answers each command without doing anything (same broker,
+// same client library), and prints the ratio. Each device's controller keeps
+// one command in flight, as an owner does (DESIGN.md: the next command only
+// after the previous one has its final Result).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edge-agent/edge-agent/app"
+	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+const gw = "bench"
+
+func main() {
+	dur := flag.Duration("duration", 5*time.Second, "measuring time per run")
+	devs := flag.String("devices", "1,8,64", "device counts")
+	out := flag.String("out", "", "append a Markdown table to this file")
+	prof := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
+	flag.Parse()
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*dur, *devs, *out); err != nil {
+		pprof.StopCPUProfile()
+		fmt.Fprintln(os.Stderr, "edge-bench:", err)
+		os.Exit(1)
+	}
+}
+
+type stats struct {
+	n        int
+	perSec   float64
+	p50, p99 time.Duration
+}
+
+func run(dur time.Duration, devList, out string) error {
+	tmp, err := os.MkdirTemp("", "edge-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	broker, stop, err := startMosquitto(tmp)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	var rows []string
+	fmt.Printf("%-8s %-12s %10s %9s %9s\n", "devices", "target", "cmds/s", "p50", "p99")
+	for _, f := range strings.Split(devList, ",") {
+		var n int
+		fmt.Sscan(f, &n)
+		echo, err := measure(broker, n, dur, nil)
+		if err != nil {
+			return fmt.Errorf("echo, %d devices: %w", n, err)
+		}
+		fmt.Printf("%-8d %-12s %10.0f %9s %9s\n", n, "echo", echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond))
+		ag, err := measure(broker, n, dur, &agentTarget{dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
+		if err != nil {
+			return fmt.Errorf("edge-agent, %d devices: %w", n, err)
+		}
+		ratio := ag.perSec / echo.perSec
+		fmt.Printf("%-8d %-12s %10.0f %9s %9s   ratio %.2f\n", n, "edge-agent", ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio)
+		rows = append(rows, fmt.Sprintf("| %d | %.0f | %s | %s | %.0f | %s | %s | %.2f |", n,
+			echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond),
+			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio))
+	}
+	if out != "" {
+		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fmt.Fprintf(f, "\nEnd to end through mosquitto, %s per run, `go run ./cmd/edge-bench -duration %s -devices %s`, %s:\n\n", dur, dur, devList, time.Now().UTC().Format("2006-01-02"))
+		fmt.Fprintln(f, "| devices | echo cmds/s | echo p50 | echo p99 | agent cmds/s | agent p50 | agent p99 | agent/echo |")
+		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|")
+		for _, r := range rows {
+			fmt.Fprintln(f, r)
+		}
+	}
+	return nil
+}
+
+// agentTarget runs edge-agent in-process against the broker, with a
+// firmware simulator for its devices; nil target means the echo baseline.
+type agentTarget struct {
+	dir string
+	a   *app.App
+	fw  *sim.Sim
+}
+
+func (t *agentTarget) start(broker string, n int) error {
+	types := map[string]string{}
+	for i := 0; i < n; i++ {
+		types[fmt.Sprintf("d%d", i)] = "generic"
+	}
+	var err error
+	if t.fw, err = sim.New(sim.Options{Devices: types}); err != nil {
+		return err
+	}
+	if err := t.fw.Start(context.Background(), "127.0.0.1:0"); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: \"\"\ndevices:\n", gw, t.dir, broker, n)
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "  - id: d%d\n    type: generic\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, t.fw.URL())
+	}
+	cfg, err := config.Parse([]byte(b.String()))
+	if err != nil {
+		return err
+	}
+	t.a = app.New(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err := t.a.Start(context.Background()); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for t.a.Ready() != nil {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent not ready: %v", t.a.Ready())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+func (t *agentTarget) stop() {
+	if os.Getenv("EDGE_BENCH_DEBUG") != "" {
+		st := t.a.Store().Stats()
+		fmt.Fprintf(os.Stderr, "store: %d commits, %d updates (%.1f/commit), %.2fms/commit\n", st.Commits, st.Updates,
+			float64(st.Updates)/float64(st.Commits), st.CommitTime.Seconds()*1000/float64(st.Commits))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t.a.Stop(ctx)
+	t.fw.Close()
+}
+
+// echo answers every command with an applied Result, doing nothing else.
+func startEcho(broker string) (func(), error) {
+	var c paho.Client
+	o := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-bench-echo").SetCleanSession(true).
+		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
+			var cmd wire.Command
+			if json.Unmarshal(m.Payload(), &cmd) != nil {
+				return
+			}
+			dev, _ := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())
+			r := wire.Result{V: 1, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence, Status: wire.StatusApplied,
+				Code: wire.CodeOK, Reason: "echo", LastFence: cmd.Fence, At: time.Now().UTC()}
+			b, _ := json.Marshal(r)
+			c.Publish(cmd.ReplyTo, 1, false, b) // not waited for: never block paho's handler
+		})
+	c = paho.NewClient(o)
+	if t := c.Connect(); !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		return nil, fmt.Errorf("echo connect: %v", t.Error())
+	}
+	if t := c.Subscribe(wire.CmdFilter(wire.DefaultPrefix, gw), 1, nil); !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		return nil, fmt.Errorf("echo subscribe: %v", t.Error())
+	}
+	return func() { c.Disconnect(100) }, nil
+}
+
+// measure runs n closed-loop controllers (one per device, one command in
+// flight each) for dur and reports throughput and latency.
+func measure(broker string, n int, dur time.Duration, t *agentTarget) (stats, error) {
+	if t == nil {
+		stop, err := startEcho(broker)
+		if err != nil {
+			return stats{}, err
+		}
+		defer stop()
+	} else {
+		if err := t.start(broker, n); err != nil {
+			return stats{}, err
+		}
+		defer t.stop()
+	}
+	run := time.Now().UnixNano()
+	type waiter struct {
+		ch chan time.Time
+	}
+	var mu sync.Mutex
+	waiting := map[string]chan struct{}{}
+	reply := fmt.Sprintf("bench/reply/%d", run)
+	o := paho.NewClientOptions().AddBroker(broker).SetClientID(fmt.Sprintf("edge-bench-ctl-%d", run)).SetCleanSession(true).
+		SetMaxResumePubInFlight(1024).
+		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
+			var r wire.Result
+			if json.Unmarshal(m.Payload(), &r) != nil || r.Status == wire.StatusUnknown {
+				return
+			}
+			mu.Lock()
+			ch := waiting[r.OpID]
+			delete(waiting, r.OpID)
+			mu.Unlock()
+			if ch != nil {
+				close(ch)
+			}
+		})
+	c := paho.NewClient(o)
+	if tk := c.Connect(); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
+		return stats{}, fmt.Errorf("controller connect: %v", tk.Error())
+	}
+	defer c.Disconnect(100)
+	if tk := c.Subscribe(reply, 1, nil); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
+		return stats{}, fmt.Errorf("controller subscribe: %v", tk.Error())
+	}
+	var (
+		lat   = make([][]time.Duration, n)
+		fails atomic.Int64
+		wg    sync.WaitGroup
+		end   = time.Now().Add(dur)
+		warm  = time.Now().Add(dur / 10)
+		count atomic.Int64
+	)
+	for d := 0; d < n; d++ {
+		wg.Add(1)
+		go func(d int) {
+			defer wg.Done()
+			dev := fmt.Sprintf("d%d", d)
+			for i := 0; time.Now().Before(end); i++ {
+				op := fmt.Sprintf("%d-%d-%d", run, d, i)
+				b, _ := json.Marshal(wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply,
+					Params: json.RawMessage(fmt.Sprintf(`{"seq":%d,"pad":"%s"}`, i, strings.Repeat("x", 120)))})
+				done := make(chan struct{})
+				mu.Lock()
+				waiting[op] = done
+				mu.Unlock()
+				start := time.Now()
+				c.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
+				select {
+				case <-done:
+				case <-time.After(30 * time.Second):
+					fails.Add(1)
+					return
+				}
+				if start.After(warm) {
+					lat[d] = append(lat[d], time.Since(start))
+					count.Add(1)
+				}
+			}
+		}(d)
+	}
+	wg.Wait()
+	if f := fails.Load(); f > 0 {
+		return stats{}, fmt.Errorf("%d commands got no Result within 30s", f)
+	}
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	if len(all) == 0 {
+		return stats{}, fmt.Errorf("no command completed")
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	measured := dur - dur/10
+	return stats{n: len(all), perSec: float64(len(all)) / measured.Seconds(),
+		p50: all[len(all)/2], p99: all[len(all)*99/100]}, nil
+}
+
+// startMosquitto runs mosquitto with the shipped configs/mosquitto.conf,
+// its listener moved to a free loopback port and its data to dir.
+func startMosquitto(dir string) (string, func(), error) {
+	bin := "/usr/sbin/mosquitto"
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = exec.LookPath("mosquitto"); err != nil {
+			return "", nil, fmt.Errorf("mosquitto not installed (apt-get install mosquitto)")
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	src, err := os.Open("configs/mosquitto.conf")
+	if err != nil {
+		return "", nil, fmt.Errorf("run from the repository root: %w", err)
+	}
+	defer src.Close()
+	var conf strings.Builder
+	sc := bufio.NewScanner(src)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) > 0 && f[0] == "listener":
+			fmt.Fprintf(&conf, "listener %d 127.0.0.1\n", port)
+		case len(f) > 0 && f[0] == "persistence_location":
+			fmt.Fprintf(&conf, "persistence_location %s/\n", dir)
+		case len(f) > 0 && (f[0] == "log_dest" || f[0] == "log_type" || f[0] == "user"):
+		default:
+			conf.WriteString(sc.Text() + "\n")
+		}
+	}
+	conf.WriteString("log_dest stderr\nlog_type error\n")
+	if os.Geteuid() == 0 {
+		conf.WriteString("user root\n")
+	}
+	cp := filepath.Join(dir, "mosquitto.conf")
+	if err := os.WriteFile(cp, []byte(conf.String()), 0o600); err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(bin, "-c", cp)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			return "", nil, fmt.Errorf("mosquitto did not start on %s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "tcp://" + addr, func() { cmd.Process.Kill(); cmd.Wait() }, nil
+}
