@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/store"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "edge-agent-cli")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "edge-agent")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func runBin(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("edge-agent %v did not exit", args)
+	}
+	return cmd.ProcessState.ExitCode(), out.String()
+}
+
+const goodDevices = `devices:
+  - id: pump-7
+    type: pump
+    driver: {url: "http://127.0.0.1:1"}
+`
+
+// Configuration errors exit 2 with a message naming the key.
+func TestConfigErrorsExit2NamingTheKey(t *testing.T) {
+	base := "gateway_id: gw-1\ndata_dir: " + t.TempDir() + "\nmqtt: {broker: \"tcp://127.0.0.1:1\"}\nadmin: {listen: \"\"}\n"
+	cases := []struct{ name, yaml, want string }{
+		{"unknown key", base + "colour: blue\n" + goodDevices, "colour"},
+		{"unknown nested key", base + "dedup: {retension: 1h}\n" + goodDevices, "retension"},
+		{"bad duration", base + "shutdown_timeout: soon\n" + goodDevices, `"soon" is not a duration`},
+		{"bad driver timeout", base + "devices:\n  - id: p\n    type: pump\n    driver: {url: \"http://x\", timeout: 5}\n", "not a duration"},
+		{"duplicate device", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}}\n  - {id: p, type: pump, driver: {url: \"http://x\"}}\n", `devices[1] (p).id: duplicate device "p"`},
+		{"missing driver url", base + "devices:\n  - {id: p, type: pump, driver: {kind: http}}\n", "devices[0] (p).driver.url: required"},
+		{"bad device type", base + "devices:\n  - {id: p, type: toaster, driver: {url: \"http://x\"}}\n", "devices[0] (p).type"},
+		{"no gateway", "mqtt: {broker: embedded}\n" + goodDevices, "gateway_id: required"},
+		{"bad broker", "gateway_id: g\nmqtt: {broker: \"http://x\"}\n" + goodDevices, "mqtt.broker"},
+		{"no devices", base, "devices: at least one"},
+		{"queue zero", base + "devices:\n  - {id: p, type: pump, queue: 0, driver: {url: \"http://x\"}}\n", "devices[0] (p).queue"},
+		{"missing plugin", base + "plugins: {dir: " + t.TempDir() + "}\ndevices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: nope}}\n", "nope"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "agent.yaml")
+			os.WriteFile(p, []byte(tc.yaml), 0o600)
+			code, out := runBin(t, "run", "--config", p)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Fatalf("message does not name %q:\n%s", tc.want, out)
+			}
+		})
+	}
+	if code, out := runBin(t, "run", "--config", "/nonexistent/agent.yaml"); code != 2 || !strings.Contains(out, "/nonexistent/agent.yaml") {
+		t.Fatalf("missing file: exit %d\n%s", code, out)
+	}
+	if code, _ := runBin(t, "run", "--bogus"); code != 2 {
+		t.Fatalf("unknown flag: exit %d, want 2", code)
+	}
+}
+
+// inspect on a store held by a running agent exits 1 within 2 s saying so.
+func TestInspectHeldStoreExits1Quickly(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "agent.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	start := time.Now()
+	code, out := runBin(t, "inspect", "--data-dir", dir)
+	if code != 1 || !strings.Contains(out, "held by another process") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("took %s", d)
+	}
+	st.Close()
+	code, out = runBin(t, "inspect", "--data-dir", dir, "--json")
+	if code != 0 || !strings.HasPrefix(strings.TrimSpace(out), "[") {
+		t.Fatalf("inspect of a free store: exit %d\n%s", code, out)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out := runBin(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "edge-agent ") {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+}
