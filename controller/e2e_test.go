@@ -46,7 +46,7 @@ func e2eBinaries(t *testing.T) (agent, simBin string) {
 			return
 		}
 		e2eBinDir = dir
-		for _, p := range []string{"edge-agent:../cmd/edge-agent", "firmware-sim:../firmware-sim"} {
+		for _, p := range []string{"edge-agent:../cmd/edge-agent", "firmware-sim:../firmware-sim", "edgectl:../cmd/edgectl"} {
 			name, pkg, _ := strings.Cut(p, ":")
 			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
 			if err != nil {
@@ -529,5 +529,49 @@ func TestE2EStoppedProcessSendsNothing(t *testing.T) {
 		if e.OpID == "op-after-stop" || (e.Fence == fa && e.OpID != "op-before-stop") {
 			t.Fatalf("journal has %+v from the stopped holder", e)
 		}
+	}
+}
+
+// edgectl against the real agent: send with a lock from etcd (applied,
+// exit 0), send with an older fence (stale_fence, exit 1), and status.
+func TestE2EEdgectl(t *testing.T) {
+	const lock = "locks/device/pump-7"
+	g := startGateway(t, lock)
+	c := etcdtest.Start(t, 1)
+	edgectl := filepath.Join(e2eBinDir, "edgectl")
+	runCtl := func(args ...string) (int, string) {
+		out, err := exec.Command(edgectl, args...).CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("edgectl: %v", err)
+		}
+		return code, string(out)
+	}
+	common := []string{"send", "--broker", g.broker, "--gateway", e2eGateway, "--device", "pump-7", "--timeout", "20s"}
+	code, out := runCtl(append(common, "--action", "set", "--param", "rpm=1200", "--lock", lock, "--etcd", c.Endpoints()[0], "--op-id", "ctl-op-1")...)
+	if code != 0 || !strings.Contains(out, `"status": "applied"`) {
+		t.Fatalf("edgectl send --lock: exit %d\n%s", code, out)
+	}
+	var r wire.Result
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil {
+		t.Fatalf("edgectl output %q: %v", out, err)
+	}
+	j := g.journal(t)
+	if len(j) != 1 || j[0].OpID != "ctl-op-1" || j[0].Fence != r.Fence || string(j[0].Params) != `{"rpm":1200}` {
+		t.Fatalf("journal %+v, result %+v", j, r)
+	}
+	code, out = runCtl(append(common, "--action", "stop", "--fence", "1", "--lock", lock)...)
+	if code != 1 || !strings.Contains(out, `"code": "stale_fence"`) {
+		t.Fatalf("edgectl send --fence 1: exit %d\n%s", code, out)
+	}
+	code, out = runCtl("status", "--admin", g.admin)
+	if code != 0 || !strings.Contains(out, "pump-7") || !strings.Contains(out, fmt.Sprint(r.Fence)) {
+		t.Fatalf("edgectl status: exit %d\n%s", code, out)
+	}
+	if len(g.journal(t)) != 1 {
+		t.Fatalf("the stale command reached the firmware: %+v", g.journal(t))
 	}
 }

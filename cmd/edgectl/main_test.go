@@ -35,6 +35,7 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown command", []string{"fly"}, "unknown command"},
 		{"no fence source", base, "give --fence N"},
 		{"both fence and lock", append(base, "--fence", "3", "--lock", "l", "--etcd", "http://127.0.0.1:1"), "not both"},
+		{"fence and etcd", append(base, "--fence", "3", "--etcd", "http://127.0.0.1:1"), "not both"},
 		{"lock without etcd", append(base, "--lock", "l"), "go together"},
 		{"bad fence", append(base, "--fence", "-4"), "--fence must be"},
 		{"bad param", append(base, "--fence", "3", "--param", "rpm"), "KEY=VALUE"},
@@ -185,8 +186,8 @@ func TestSendWithLockAndFence(t *testing.T) {
 	}
 
 	code, _, _ = runCLI("send", "--broker", broker, "--gateway", "gw-1", "--device", "pump-7",
-		"--action", "stop", "--fence", "99")
-	if code != 0 || cmds()[1].Fence != 99 {
+		"--action", "stop", "--fence", "99", "--lock", "locks/device/pump-7")
+	if code != 0 || cmds()[1].Fence != 99 || cmds()[1].Lock != "locks/device/pump-7" {
 		t.Fatalf("send --fence: exit %d, %+v", code, cmds())
 	}
 }

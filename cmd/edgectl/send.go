@@ -40,7 +40,9 @@ func sendCmd() *cobra.Command {
 
 The fence is either given (--fence N) or taken from an etcd lock
 (--lock NAME --etcd URL[,URL...]): edgectl acquires the lock, uses the lock
-key's create revision as the fence, sends, and releases the lock.
+key's create revision as the fence, sends, and releases the lock. With
+--fence, --lock NAME alone (no --etcd) only puts the lock's name in the
+command, for devices bound to a lock.
 --param KEY=VALUE reads VALUE as JSON when it parses (rpm=1200, on=true),
 else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 		Args: cobra.NoArgs,
@@ -111,10 +113,10 @@ func (f sendFlags) validate() error {
 		return usagef("--timeout must be positive")
 	}
 	byFence := f.fence != 0
-	byLock := f.lock != "" || f.etcd != ""
+	byLock := f.etcd != "" || (!byFence && f.lock != "")
 	switch {
 	case byFence && byLock:
-		return usagef("give either --fence or --lock with --etcd, not both")
+		return usagef("give either --fence or --lock with --etcd, not both (--fence N --lock NAME without --etcd only names the lock in the command)")
 	case !byFence && !byLock:
 		return usagef("give --fence N, or --lock NAME with --etcd URL")
 	case byFence && f.fence < 1:
@@ -150,7 +152,7 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	var owner controller.Owner
 	var holder *controller.Holder
 	if f.fence != 0 {
-		owner = &controller.FixedFence{Fence: f.fence, Holder: "edgectl/" + conn.ControllerID()}
+		owner = &controller.FixedFence{Fence: f.fence, Lock: f.lock, Holder: "edgectl/" + conn.ControllerID()}
 	} else {
 		eps := strings.Split(f.etcd, ",")
 		cli, err := dialEtcd(ctx, eps)
