@@ -187,7 +187,11 @@ type Holder struct {
 	lostDone chan struct{} // closed once a LOST holder dropped its session
 	relDone  chan struct{} // closed when the release that won ACTIVE->RELEASING ends
 	relErr   error         // its result
+
+	slots deviceSlots // Senders' per-device order under this holder
 }
+
+func (h *Holder) deviceSlot(device string) chan struct{} { return h.slots.slot(device) }
 
 // NewHolder returns an IDLE holder for the named locks. It does no I/O.
 // Lock names are etcd key prefixes, and the same string goes into each

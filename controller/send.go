@@ -32,13 +32,44 @@ type Owner interface {
 }
 
 // FixedFence is an Owner with a fence given by hand (edgectl --fence). It
-// becomes lost like a Holder when a device reports a newer fence.
+// becomes lost like a Holder when a device reports a newer fence. Use it
+// by pointer.
 type FixedFence struct {
 	Lock   string // sent as the command's `lock`; "" for none
 	Fence  int64
 	Holder string
 	lost   atomic.Pointer[error]
+	slots  deviceSlots
 }
+
+// deviceSlots serialises sends per device for one owner: every Sender
+// of that owner shares them.
+type deviceSlots struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (d *deviceSlots) slot(device string) chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil {
+		d.m = map[string]chan struct{}{}
+	}
+	c, ok := d.m[device]
+	if !ok {
+		c = make(chan struct{}, 1)
+		d.m[device] = c
+	}
+	return c
+}
+
+// serialiser is implemented by owners that keep their own per-device
+// order (Holder, FixedFence), so two Senders of one owner share it.
+type serialiser interface {
+	deviceSlot(device string) chan struct{}
+}
+
+func (f *FixedFence) deviceSlot(device string) chan struct{} { return f.slots.slot(device) }
 
 // Check implements Owner.
 func (f *FixedFence) Check() error {
@@ -84,8 +115,9 @@ type SendOptions struct {
 }
 
 // Sender sends commands under one Owner over one Conn. Sends to one device
-// are serialised: the next starts only after the previous one has a final
-// Result (or gave up), so commands under one fence keep the owner's order.
+// are serialised per owner (every Sender of a Holder shares the order):
+// the next starts only after the previous one has a final Result (or gave
+// up), so commands under one fence keep the owner's order.
 // It is safe for concurrent use.
 type Sender struct {
 	conn  *Conn
@@ -93,7 +125,7 @@ type Sender struct {
 	opts  SendOptions
 
 	mu      sync.Mutex
-	devices map[string]chan struct{} // one-slot semaphore per device
+	devices deviceSlots // per device, when the owner keeps none
 	stats   SendStats
 }
 
@@ -120,7 +152,7 @@ func NewSender(conn *Conn, owner Owner, opts *SendOptions) *Sender {
 	if o.BackoffMax <= 0 {
 		o.BackoffMax = 2 * time.Second
 	}
-	return &Sender{conn: conn, owner: owner, opts: o, devices: map[string]chan struct{}{}}
+	return &Sender{conn: conn, owner: owner, opts: o}
 }
 
 // Stats returns counters so far.
@@ -288,13 +320,12 @@ func (s *Sender) count(f func(*SendStats)) {
 }
 
 func (s *Sender) lockDevice(ctx context.Context, device string) (func(), error) {
-	s.mu.Lock()
-	sem, ok := s.devices[device]
-	if !ok {
-		sem = make(chan struct{}, 1)
-		s.devices[device] = sem
+	var sem chan struct{}
+	if o, ok := s.owner.(serialiser); ok {
+		sem = o.deviceSlot(device)
+	} else {
+		sem = s.devices.slot(device)
 	}
-	s.mu.Unlock()
 	select {
 	case sem <- struct{}{}:
 		return func() { <-sem }, nil

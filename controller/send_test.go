@@ -185,23 +185,25 @@ func TestSendSerialisedPerDevice(t *testing.T) {
 		return []delayed{{d, result(c, wire.CodeOK, 9)}}
 	})
 	conn := dial(t, broker, "gw-ser")
-	s := NewSender(conn, &FixedFence{Fence: 9}, nil)
+	owner := &FixedFence{Fence: 9}
+	// Two Senders of one owner share its per-device order.
+	s, s2 := NewSender(conn, owner, nil), NewSender(dial(t, broker, "gw-ser"), owner, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	send := func(dev, action string) {
+	send := func(s *Sender, dev, action string) {
 		defer wg.Done()
 		if _, err := s.Send(ctx, dev, action, nil); err != nil {
 			errs <- err
 		}
 	}
 	wg.Add(1)
-	go send("pump-7", "slow")
+	go send(s, "pump-7", "slow")
 	eventually(t, 5*time.Second, "the slow command to arrive", func() bool { return len(rs.seen()) == 1 })
 	wg.Add(2)
-	go send("pump-7", "fast")
-	go send("valve-1", "fast")
+	go send(s2, "pump-7", "fast")
+	go send(s, "valve-1", "fast")
 	wg.Wait()
 	close(errs)
 	for err := range errs {
