@@ -81,8 +81,10 @@ var (
 	ErrInvalidCommand = errors.New("controller: invalid command")
 )
 
-// ResultError is returned by Send for a final Result other than applied.
-// It wraps ErrNotApplied, and ErrLost as well for stale_fence.
+// ResultError is returned by Send for a final Result other than applied
+// (wrapping ErrNotApplied), and for any Result showing a newer owner
+// (stale_fence, or last_fence above the fence: wrapping ErrLost and
+// ErrNewerFence; such a Result may even be an applied replay).
 type ResultError struct {
 	Result wire.Result
 	lost   bool
@@ -96,8 +98,12 @@ func (e *ResultError) Error() string {
 // Unwrap lets errors.Is see ErrNotApplied (and ErrLost, ErrNewerFence when
 // the Result showed a newer owner).
 func (e *ResultError) Unwrap() []error {
-	if e.lost {
-		return []error{ErrNotApplied, ErrLost, ErrNewerFence}
+	var errs []error
+	if e.Result.Status != wire.StatusApplied {
+		errs = append(errs, ErrNotApplied)
 	}
-	return []error{ErrNotApplied}
+	if e.lost {
+		errs = append(errs, ErrLost, ErrNewerFence)
+	}
+	return errs
 }

@@ -108,6 +108,9 @@ func TestSendResults(t *testing.T) {
 			if tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
 				t.Fatalf("send: got %v, want %v", err, tc.wantErr)
 			}
+			if notApplied := errors.Is(err, ErrNotApplied); notApplied != (err != nil && r.Status != wire.StatusApplied) {
+				t.Fatalf("send: %v wraps ErrNotApplied = %v for status %s", err, notApplied, r.Status)
+			}
 			if r.Code != tc.wantCode {
 				t.Fatalf("result code %q, want %q", r.Code, tc.wantCode)
 			}
