@@ -46,7 +46,7 @@ func e2eBinaries(t *testing.T) (agent, simBin string) {
 			return
 		}
 		e2eBinDir = dir
-		for _, p := range []string{"edge-agent:../cmd/edge-agent", "firmware-sim:../firmware-sim", "edgectl:../cmd/edgectl"} {
+		for _, p := range []string{"edge-agent:../cmd/edge-agent", "firmware-sim:../firmware-sim", "edgectl:../cmd/edgectl", "example-controller:../examples/controller"} {
 			name, pkg, _ := strings.Cut(p, ":")
 			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
 			if err != nil {
@@ -573,5 +573,31 @@ func TestE2EEdgectl(t *testing.T) {
 	}
 	if len(g.journal(t)) != 1 {
 		t.Fatalf("the stale command reached the firmware: %+v", g.journal(t))
+	}
+}
+
+// The runnable example of docs/controller.md does its holder loop against
+// the real agent: barrier, five fenced writes, release.
+func TestE2EExampleController(t *testing.T) {
+	const lock = "locks/device/pump-7"
+	g := startGateway(t, lock)
+	c := etcdtest.Start(t, 1)
+	cmd := exec.Command(filepath.Join(e2eBinDir, "example-controller"), "--etcd", c.Endpoints()[0],
+		"--broker", g.broker, "--gateway", e2eGateway, "--device", "pump-7", "--lock", lock, "--steps", "5")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("example: %v\n%s", err, out)
+	}
+	j := g.journal(t)
+	if len(j) != 5 {
+		t.Fatalf("journal has %d writes, want 5:\n%s", len(j), out)
+	}
+	for i, e := range j {
+		if e.Fence != j[0].Fence || string(e.Params) != fmt.Sprintf(`{"rpm":%d}`, 1000+100*i) {
+			t.Fatalf("journal entry %d: %+v", i, e)
+		}
+	}
+	if k := keysUnder(t, c.Client(t), lock); len(k) != 0 {
+		t.Fatalf("the example did not release its lock: %+v", k)
 	}
 }
