@@ -50,13 +50,26 @@ type Cluster struct {
 }
 
 // Start starts an n-member etcd cluster on free loopback ports, waits until
-// it serves requests and registers its stop with t.Cleanup. It skips the
-// test when the etcd binary is missing.
+// every member serves requests and registers its stop with t.Cleanup. A
+// port taken meanwhile by someone else is retried on new ports. It skips
+// the test when the etcd binary is missing.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		t.Skipf("etcdtest: %s not installed: %v", Binary, err)
 	}
+	var err error
+	for try := 0; try < 3; try++ {
+		var c *Cluster
+		if c, err = tryStart(t, n); err == nil {
+			return c
+		}
+	}
+	t.Fatalf("etcdtest: %v", err)
+	return nil
+}
+
+func tryStart(t testing.TB, n int) (*Cluster, error) {
 	dir := t.TempDir()
 	c := &Cluster{t: t}
 	var parts []string
@@ -72,26 +85,35 @@ func Start(t testing.TB, n int) *Cluster {
 		parts = append(parts, m.Name+"="+m.PeerURL)
 	}
 	c.initial = strings.Join(parts, ",")
-	t.Cleanup(func() {
+	stopAll := func() {
 		for _, m := range c.Members {
 			m.stop()
 		}
-	})
+	}
 	for i := range c.Members {
 		if err := c.start(i, "new"); err != nil {
-			t.Fatalf("etcdtest: %v", err)
+			stopAll()
+			return nil, err
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c.WaitHealthy(ctx); err != nil {
+	err := c.WaitHealthy(ctx)
+	for _, m := range c.Members {
+		if err == nil && !m.Running() {
+			err = fmt.Errorf("member %s exited", m.Name)
+		}
+	}
+	if err != nil {
 		for _, m := range c.Members {
 			b, _ := os.ReadFile(m.LogFile)
-			t.Logf("etcdtest: %s log:\n%s", m.Name, tail(b, 3000))
+			t.Logf("etcdtest: %s log:\n%s", m.Name, tail(b, 2000))
 		}
-		t.Fatalf("etcdtest: cluster not healthy: %v", err)
+		stopAll()
+		return nil, fmt.Errorf("cluster not healthy: %w", err)
 	}
-	return c
+	t.Cleanup(stopAll)
+	return c, nil
 }
 
 func tail(b []byte, n int) string {
