@@ -1,7 +1,6 @@
 package etcdtest
 
 import (
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -143,10 +142,7 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
-				return
-			}
-			return
+			return // EOF or a closed connection: close both sides
 		}
 	}
 }
