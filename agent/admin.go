@@ -59,7 +59,14 @@ func (a *Agent) OpResult(dev, op string) (wire.Result, error) {
 // Resolve records an operator's answer for an unknown write on a device that
 // cannot be asked (queryable: false): applied ends it applied/ok; not
 // applied ends it failed/not_applied, never resent (invariant 6).
-func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool) (wire.Result, error) {
+//
+// An applied write changed the device, so the state the agent knows (and
+// policies see) changes too: state, when the operator gives it, is the
+// device's state now; otherwise the parameters that were sent are merged
+// into the last known state, key by key (what a "set" does on the
+// simulated device types). Policies never see the pre-write state of a
+// write an operator confirmed.
+func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state json.RawMessage) (wire.Result, error) {
 	rt := a.devs[dev]
 	if rt == nil {
 		return wire.Result{}, fmt.Errorf("%w: %s", ErrUnknownDevice, dev)
@@ -93,6 +100,11 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool) (wire
 		}
 		if applied {
 			d.LastOpID = op
+			if len(state) > 0 {
+				d.State = state
+			} else {
+				d.State = mergeState(d.State, o.ParamsSent)
+			}
 		}
 		d.UpdatedAt = now
 		if err := tx.PutDevice(dev, d); err != nil {
@@ -100,21 +112,10 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool) (wire
 		}
 		o.Status, o.Result, o.Code, o.Reason, o.DecidedAt, o.Output = store.OpFinal, wire.StatusOf(code), code, reason, now, nil
 		if applied {
-			o.Output = json.RawMessage("{}")
-		}
-		if err := tx.PutOp(o); err != nil {
-			return err
+			o.Output = stateOrEmpty(d.State)
 		}
 		res = resultOf(o, d.LastFence, false)
-		e, err := tx.OutboxAppend(store.Outbox{Topic: a.destination(o.ReplyTo, dev), Payload: mustJSON(res), Device: dev, OpID: op})
-		if err != nil {
-			return err
-		}
-		if err := tx.InboxDelete(o.Worker, o.InboxSeq); err != nil {
-			return err
-		}
-		tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
-		return nil
+		return a.recordOutcome(tx, &o, d.LastFence)
 	})
 	switch {
 	case err != nil:
@@ -128,11 +129,30 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool) (wire
 		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNotUnknown, dev, op)
 	}
 	a.m.answered(code)
+	if applied {
+		a.publishState(dev, d)
+	}
 	select {
 	case rt.w.resolve <- struct{}{}:
 	default:
 	}
 	return res, nil
+}
+
+// mergeState merges the top-level keys of params into state (both JSON
+// objects; anything unreadable yields params alone).
+func mergeState(state, params json.RawMessage) json.RawMessage {
+	m := map[string]json.RawMessage{}
+	if len(state) > 0 && json.Unmarshal(state, &m) != nil {
+		m = map[string]json.RawMessage{}
+	}
+	var p map[string]json.RawMessage
+	if len(params) > 0 && json.Unmarshal(params, &p) == nil {
+		for k, v := range p {
+			m[k] = v
+		}
+	}
+	return mustJSON(m)
 }
 
 // AdminOptions configure the admin HTTP API.
@@ -199,15 +219,20 @@ func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 			}
 		}
 		var body struct {
-			Applied *bool `json:"applied"`
+			Applied *bool           `json:"applied"`
+			State   json.RawMessage `json:"state"`
 		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&body); err != nil || body.Applied == nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body must be {"applied": true|false}`})
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body must be {"applied": true|false} (optionally "state": {...} with applied: true)`})
 			return
 		}
-		res, err := a.Resolve(r.Context(), r.PathValue("dev"), r.PathValue("op"), *body.Applied)
+		if len(body.State) > 0 && (!*body.Applied || body.State[0] != '{') {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": `"state" must be a JSON object, and only with "applied": true`})
+			return
+		}
+		res, err := a.Resolve(r.Context(), r.PathValue("dev"), r.PathValue("op"), *body.Applied, body.State)
 		if err != nil {
 			httpErr(w, err)
 			return

@@ -27,10 +27,19 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 )
 
-// Publisher is the seam over the MQTT session: QoS 1 publishes that return
-// once the broker acknowledged them (or ctx ended).
+// Publisher is the seam over the MQTT session: PublishAsync hands a QoS 1
+// publish over without waiting for its PUBACK (calls from one goroutine go
+// out in call order).
 type Publisher interface {
-	Publish(ctx context.Context, topic string, payload []byte, retained bool) error
+	PublishAsync(ctx context.Context, topic string, payload []byte, retained bool) (Pending, error)
+}
+
+// Pending is one QoS 1 publish in flight.
+type Pending interface {
+	// Done is closed once the publish completed: acknowledged or failed.
+	Done() <-chan struct{}
+	// Err is nil once the broker acknowledged the publish.
+	Err() error
 }
 
 // Delivery is one message from the broker. Ack sends its PUBACK; the agent
@@ -169,7 +178,7 @@ func (a *Agent) Start(ctx context.Context) error {
 			if w == nil {
 				return fmt.Errorf("agent: recovery: inbox of %s holds %s/%s, but the worker is no longer configured; restore its devices or drain it", e.Worker, e.Device, e.OpID)
 			}
-			w.fifo = append(w.fifo, e)
+			w.fifo = append(w.fifo, item{InboxEntry: e})
 			w.depth.Add(1)
 			return nil
 		}); err != nil {
@@ -191,7 +200,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.wg.Add(2)
 	go a.intakeLoop()
 	go a.ackLoop()
-	a.pub.start()
+	a.pub.run()
 	a.bg.Add(1)
 	go a.sweepLoop()
 	go func() {

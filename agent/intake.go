@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -146,16 +145,21 @@ func (a *Agent) admit(d Delivery) *arrival {
 		if err != nil {
 			return err
 		}
-		err = tx.PutOp(store.Op{Device: dev, OpID: cmd.OpID, Status: store.OpQueued,
+		o = store.Op{Device: dev, OpID: cmd.OpID, Status: store.OpQueued,
 			Fence: cmd.Fence, Action: cmd.Action, Params: cmd.Params, Lock: cmd.Lock,
 			Holder: cmd.Holder, ExpiresAt: cmd.ExpiresAt, ReplyTo: cmd.ReplyTo,
-			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: now.UTC()})
-		if err != nil {
+			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: now.UTC()}
+		if err := tx.PutOp(o); err != nil {
 			return err
 		}
 		w.depth.Add(1)
 		ar.kind = admitQueued
 		ar.entry = store.InboxEntry{Worker: w.id, Seq: seq, Device: dev, OpID: cmd.OpID}
+		// Hand it to the worker now, in commit order (= arrival order),
+		// without waiting for the fsync: the worker's own next commit
+		// lands in a later batch, so nothing it does becomes visible
+		// unless this admission is durable (invariant 3).
+		w.push(item{InboxEntry: ar.entry, op: &o})
 		return nil
 	})
 	return ar
@@ -174,13 +178,26 @@ func (a *Agent) ackLoop() {
 				return
 			}
 		}
+		select {
+		case <-a.failed: // invariant 5: nothing answered or acknowledged after a store failure
+			return
+		default:
+		}
 		switch ar.kind {
 		case admitQueued:
 			a.m.queueDepth.WithLabelValues(ar.entry.Worker).Set(float64(a.devs[ar.dev].w.depth.Load()))
-			a.devs[ar.dev].w.push(ar.entry)
 		case admitAnswer:
 			a.answerNow(ar.topic, *ar.answer)
 		case admitReplay:
+			if ar.rec.Status == store.OpUnknown {
+				// It may have become final since: replay what is recorded now.
+				a.st.View(func(tx *store.Tx) error {
+					if o, ok, err := tx.Op(ar.dev, ar.cmd.OpID); err == nil && ok {
+						ar.rec = o
+					}
+					return nil
+				})
+			}
 			r := resultOf(ar.rec, a.devs[ar.dev].lastFence.Load(), true)
 			r.OpID, r.Fence = ar.cmd.OpID, ar.cmd.Fence
 			a.m.replays.Inc()
@@ -208,14 +225,18 @@ func (a *Agent) ackLoop() {
 	}
 }
 
-// answerNow publishes a Result that is not recorded (answered on arrival),
-// before the delivery is acknowledged. A publish that fails is logged: the
-// controller resends until it sees a Result.
+// answerNow publishes a Result that is not recorded (answered on arrival)
+// through the ordered publisher, and waits (bounded) for the broker to take
+// it before the delivery is acknowledged. Not answered in time: logged;
+// the controller resends until it sees a Result.
 func (a *Agent) answerNow(topic string, r wire.Result) {
 	a.m.answered(r.Code)
-	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
-	defer cancel()
-	if err := a.o.Publisher.Publish(ctx, topic, mustJSON(r), false); err != nil {
-		a.log.Warn("could not publish an answer", "topic", topic, "op_id", r.OpID, "code", r.Code, "err", err)
+	done := make(chan struct{})
+	a.pub.push(pubItem{topic: topic, payload: mustJSON(r), dev: r.Device, done: done})
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		a.log.Warn("an answer was not confirmed published within 5s", "topic", topic, "op_id", r.OpID, "code", r.Code)
+	case <-a.ctx.Done():
 	}
 }

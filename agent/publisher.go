@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"hash/fnv"
 	"sync"
 	"time"
 
@@ -10,159 +9,229 @@ import (
 )
 
 // pubItem is one message to publish: a Result from the outbox (seq > 0:
-// deleted from the outbox once the broker acknowledged it), or a retained
-// DeviceState (seq 0: not durable, the next state supersedes it).
+// deleted from the outbox once the broker acknowledged it), a retained
+// DeviceState or an answer on arrival (seq 0: not durable). done, when set,
+// is closed once the broker acknowledged it (or the publisher stopped).
 type pubItem struct {
 	seq      uint64
 	topic    string
 	payload  []byte
 	retained bool
 	dev      string
+	done     chan struct{}
 }
 
 func outboxItem(e store.Outbox) pubItem {
 	return pubItem{seq: e.Seq, topic: e.Topic, payload: e.Payload, dev: e.Device}
 }
 
-// publisher publishes Results and states from a few shards; a device always
-// maps to the same shard, so its Results (an unknown one, then the final
-// one) reach the broker in the order they were recorded.
+// publisher sends Results, states and answers in the order they were
+// recorded, pipelined: up to window publishes are in flight at once and
+// are confirmed in order; a confirmed Result is deleted from the outbox. A
+// publish that fails (the broker is unreachable, the session dropped) is
+// sent again, with everything sent after it, in the same order, after a
+// backoff: nothing leaves the queue unconfirmed, so an unknown Result
+// always reaches the broker before its operation's final one (a Result
+// may be delivered more than once: controllers take the first final one).
 type publisher struct {
 	a      *Agent
-	shards []*pubShard
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	done   chan struct{}
+
+	mu    sync.Mutex
+	q     []pubItem
+	busy  int // in flight
+	wake  chan struct{}
+	idle  chan struct{}
+	start sync.Once
 }
 
-type pubShard struct {
-	mu   sync.Mutex
-	q    []pubItem
-	busy bool
-	wake chan struct{}
-	idle chan struct{} // signalled when the shard empties
-}
+const pubWindow = 256
 
-const pubShards = 16
+type inflight struct {
+	it pubItem
+	p  Pending
+}
 
 func newPublisher(a *Agent) *publisher {
-	p := &publisher{a: a}
+	p := &publisher{a: a, wake: make(chan struct{}, 1), idle: make(chan struct{}, 1), done: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	for i := 0; i < pubShards; i++ {
-		p.shards = append(p.shards, &pubShard{wake: make(chan struct{}, 1), idle: make(chan struct{}, 1)})
-	}
 	return p
 }
 
-func (p *publisher) start() {
-	for _, s := range p.shards {
-		p.wg.Add(1)
-		go p.run(s)
-	}
+func (p *publisher) run() {
+	p.start.Do(func() { go p.loop() })
 }
 
 func (p *publisher) stop() {
 	p.cancel()
-	p.wg.Wait()
+	p.run() // so done closes even if never started
+	<-p.done
 }
 
 func (p *publisher) push(it pubItem) {
-	h := fnv.New32a()
-	h.Write([]byte(it.dev))
-	s := p.shards[h.Sum32()%pubShards]
-	s.mu.Lock()
-	s.q = append(s.q, it)
-	s.mu.Unlock()
+	p.mu.Lock()
+	p.q = append(p.q, it)
+	p.mu.Unlock()
 	select {
-	case s.wake <- struct{}{}:
+	case p.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (p *publisher) run(s *pubShard) {
-	defer p.wg.Done()
-	for {
-		s.mu.Lock()
-		if len(s.q) == 0 {
-			s.busy = false
-			s.mu.Unlock()
-			select {
-			case s.idle <- struct{}{}:
-			default:
-			}
-			select {
-			case <-p.ctx.Done():
-				return
-			case <-s.wake:
-				continue
-			}
-		}
-		it := s.q[0]
-		s.busy = true
-		s.mu.Unlock()
-		if !p.publish(it) {
-			return
-		}
-		s.mu.Lock()
-		s.q[0] = pubItem{}
-		s.q = s.q[1:]
-		s.mu.Unlock()
-	}
-}
-
-// publish sends one item, retrying until the broker takes it or the
-// publisher stops (then the outbox keeps it for the next start).
-func (p *publisher) publish(it pubItem) bool {
+func (p *publisher) loop() {
+	defer close(p.done)
 	a := p.a
-	wait := 100 * time.Millisecond
+	var fly []inflight
+	defer func() {
+		for _, f := range fly {
+			if f.it.done != nil {
+				close(f.it.done)
+			}
+		}
+	}()
+	backoff := 100 * time.Millisecond
 	for {
 		select {
 		case <-a.failed: // invariant 5: nothing more is published after a store failure
-			return false
+			return
+		case <-p.ctx.Done():
+			return
 		default:
 		}
-		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
-		err := a.o.Publisher.Publish(ctx, it.topic, it.payload, it.retained)
-		cancel()
-		if err == nil {
-			break
+		// Fill the window.
+		p.mu.Lock()
+		var next *pubItem
+		if len(p.q) > 0 && len(fly) < pubWindow {
+			it := p.q[0]
+			p.q[0] = pubItem{}
+			p.q = p.q[1:]
+			next = &it
 		}
-		if p.ctx.Err() != nil {
-			return false
+		p.busy = len(fly)
+		if next != nil {
+			p.busy++
 		}
-		a.log.Warn("publish failed; retrying", "topic", it.topic, "err", err)
-		select {
-		case <-p.ctx.Done():
-			return false
-		case <-time.After(wait):
+		idle := len(p.q) == 0 && p.busy == 0
+		p.mu.Unlock()
+		if idle {
+			select {
+			case p.idle <- struct{}{}:
+			default:
+			}
 		}
-		wait = min(wait*2, 2*time.Second)
+		if next != nil {
+			pend, err := a.o.Publisher.PublishAsync(p.ctx, next.topic, next.payload, next.retained)
+			if err == nil {
+				fly = append(fly, inflight{*next, pend})
+				continue
+			}
+			p.requeue(append([]inflight{{it: *next}}, fly...)...)
+			fly = fly[:0]
+			if !p.pause(&backoff, err) {
+				return
+			}
+			continue
+		}
+		if len(fly) == 0 {
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-a.failed:
+				return
+			case <-p.wake:
+			}
+			continue
+		}
+		// Window full or queue empty: confirm the oldest.
+		var waitCh <-chan struct{}
+		if len(p.q) == 0 {
+			waitCh = p.wake
+		}
+		ok, err := p.confirm(fly[0], waitCh)
+		if !ok {
+			continue // woken by a new item
+		}
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return // the outbox keeps it for the next start
+			}
+			p.requeue(fly...)
+			fly = fly[:0]
+			if !p.pause(&backoff, err) {
+				return
+			}
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		f := fly[0]
+		fly[0] = inflight{}
+		fly = fly[1:]
+		if f.it.done != nil {
+			close(f.it.done)
+		}
+		if f.it.seq > 0 {
+			a.m.published.Inc()
+			// Not waited for: losing this delete in a crash only
+			// republishes the Result (at least once).
+			seq := f.it.seq
+			a.st.Submit(p.ctx, func(tx *store.Tx) error { return tx.OutboxDelete(seq) })
+		}
 	}
-	if it.seq > 0 {
-		a.m.published.Inc()
-		// Not waited for: losing this delete in a crash only republishes
-		// the Result (at least once).
-		a.st.Submit(p.ctx, func(tx *store.Tx) error { return tx.OutboxDelete(it.seq) })
+}
+
+// confirm waits for f's PUBACK; ok is false when wake fired first (or the
+// publisher stopped).
+func (p *publisher) confirm(f inflight, wake <-chan struct{}) (bool, error) {
+	select {
+	case <-f.p.Done():
+		return true, f.p.Err()
+	case <-wake:
+		return false, nil
+	case <-p.ctx.Done():
+		return true, p.ctx.Err()
 	}
+}
+
+// requeue puts items back at the head of the queue, in order.
+func (p *publisher) requeue(items ...inflight) {
+	p.mu.Lock()
+	head := make([]pubItem, 0, len(items)+len(p.q))
+	for _, f := range items {
+		head = append(head, f.it)
+	}
+	p.q = append(head, p.q...)
+	p.mu.Unlock()
+}
+
+func (p *publisher) pause(backoff *time.Duration, err error) bool {
+	p.a.log.Warn("publish failed; will publish again in order", "err", err, "retry_in", backoff.String())
+	select {
+	case <-p.ctx.Done():
+		return false
+	case <-p.a.failed:
+		return false
+	case <-time.After(*backoff):
+	}
+	*backoff = min(*backoff*2, 2*time.Second)
 	return true
 }
 
-// flush waits until every shard is empty, or ctx ends.
+// flush waits until everything queued is confirmed, or ctx ends.
 func (p *publisher) flush(ctx context.Context) {
-	for _, s := range p.shards {
-		for {
-			s.mu.Lock()
-			empty := len(s.q) == 0 && !s.busy
-			s.mu.Unlock()
-			if empty {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-s.idle:
-			case <-time.After(50 * time.Millisecond):
-			}
+	for {
+		p.mu.Lock()
+		empty := len(p.q) == 0 && p.busy == 0
+		p.mu.Unlock()
+		if empty {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.idle:
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

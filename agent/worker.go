@@ -29,7 +29,7 @@ type worker struct {
 	depth atomic.Int64
 
 	mu      sync.Mutex
-	fifo    []store.InboxEntry
+	fifo    []item
 	wake    chan struct{}
 	resolve chan struct{} // an operator resolved the held write
 	current atomic.Value  // string: op being worked on, for the admin API
@@ -39,7 +39,17 @@ func newWorker(a *Agent, id string) *worker {
 	return &worker{a: a, id: id, wake: make(chan struct{}, 1), resolve: make(chan struct{}, 1)}
 }
 
-func (w *worker) push(e store.InboxEntry) {
+// item is one inbox entry in a worker's memory. op is the record as the
+// intake wrote it, when the entry arrived while running (the worker may
+// start on it before the intake's commit is durable: everything the worker
+// does that anyone can see comes after its own later commit, which cannot
+// succeed unless the intake's did); nil for entries loaded at start-up.
+type item struct {
+	store.InboxEntry
+	op *store.Op
+}
+
+func (w *worker) push(e item) {
 	w.mu.Lock()
 	w.fifo = append(w.fifo, e)
 	w.mu.Unlock()
@@ -49,10 +59,10 @@ func (w *worker) push(e store.InboxEntry) {
 	}
 }
 
-func (w *worker) next() (store.InboxEntry, bool) {
+func (w *worker) next() (item, bool) {
 	for {
 		if w.a.stoppingNow() {
-			return store.InboxEntry{}, false
+			return item{}, false
 		}
 		w.mu.Lock()
 		if len(w.fifo) > 0 {
@@ -70,7 +80,7 @@ func (w *worker) next() (store.InboxEntry, bool) {
 
 func (w *worker) pop() {
 	w.mu.Lock()
-	w.fifo[0] = store.InboxEntry{}
+	w.fifo[0] = item{}
 	w.fifo = w.fifo[1:]
 	w.mu.Unlock()
 	d := w.depth.Add(-1)
@@ -104,16 +114,17 @@ var errStopping = errors.New("agent: stopping")
 
 // handle works one inbox entry to its end. done is true when the entry
 // left the inbox.
-func (w *worker) handle(e store.InboxEntry) (bool, error) {
+func (w *worker) handle(e item) (bool, error) {
 	a := w.a
 	var o store.Op
-	var ok bool
-	err := a.st.View(func(tx *store.Tx) error {
+	ok := e.op != nil
+	if ok {
+		o = *e.op
+	} else if err := a.st.View(func(tx *store.Tx) error {
 		var err error
 		o, ok, err = tx.Op(e.Device, e.OpID)
 		return err
-	})
-	if err != nil {
+	}); err != nil {
 		return false, err
 	}
 	w.current.Store(e.Device + "/" + e.OpID)
@@ -191,8 +202,10 @@ func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
 		return false, errStopping // stopped mid-decision: still queued, decided after restart
 	}
 	if err != nil {
-		// Invariant 5: a policy that cannot decide sends nothing.
-		return w.drop(rt, o, wire.CodePolicyError, fmt.Sprintf("policy for %s could not decide: %v", o.Device, err))
+		// Invariant 5: a policy that cannot decide sends nothing. The
+		// command passed the fence check, so last_fence is raised
+		// (invariant 1: nothing below it may take effect afterwards).
+		return w.drop(rt, o, wire.CodePolicyError, fmt.Sprintf("policy for %s could not decide: %v", o.Device, err), true)
 	}
 	if !dec.Allow {
 		reason := dec.Reason
@@ -228,10 +241,10 @@ func (w *worker) newKey(rt *devRT, o *store.Op, raise bool) error {
 	o.Keys++
 	o.Key = fmt.Sprintf("%s.%d.%s", o.OpID, o.Keys, a.keyRand())
 	o.Status = store.OpPending
-	var lf int64
+	var d store.Device
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
-		d, _, err := tx.Device(o.Device)
-		if err != nil {
+		var err error
+		if d, _, err = tx.Device(o.Device); err != nil {
 			return err
 		}
 		if raise && o.Fence > d.LastFence {
@@ -241,14 +254,13 @@ func (w *worker) newKey(rt *devRT, o *store.Op, raise bool) error {
 				return err
 			}
 		}
-		lf = d.LastFence
 		return tx.PutOp(*o)
 	})
 	if err != nil {
 		return err
 	}
-	if old := rt.lastFence.Swap(lf); old != lf {
-		a.publishState(o.Device, store.Device{LastFence: lf}) // refreshed in full after the write
+	if old := rt.lastFence.Swap(d.LastFence); old != d.LastFence {
+		a.publishState(o.Device, d)
 	}
 	return nil
 }
@@ -290,7 +302,7 @@ func (w *worker) write(rt *devRT, o store.Op) (bool, error) {
 			return w.finish(rt, o, wire.CodeDeviceError, fmt.Sprintf("%s refused the write: %s", o.Device, res.Reason), false, nil)
 		case device.NotSent:
 			if !o.WasUnknown {
-				return w.drop(rt, o, wire.CodeDeviceUnreachable, fmt.Sprintf("%s could not be reached: %s", o.Device, res.Reason))
+				return w.drop(rt, o, wire.CodeDeviceUnreachable, fmt.Sprintf("%s could not be reached: %s", o.Device, res.Reason), false)
 			}
 			// Invariant 6: once unknown, held until final; never device_unreachable.
 		}
@@ -311,19 +323,10 @@ func (w *worker) markUnknown(o store.Op, reason string) (store.Op, error) {
 	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusUnknown, wire.CodeOutcomeUnknown, reason, a.now().UTC()
 	rt := a.devs[o.Device]
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
-		if err := tx.PutOp(o); err != nil {
-			return err
-		}
 		if !first {
-			return nil
+			return tx.PutOp(o)
 		}
-		e, err := tx.OutboxAppend(store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
-			Payload: mustJSON(resultOf(o, rt.lastFence.Load(), false)), Device: o.Device, OpID: o.OpID})
-		if err != nil {
-			return err
-		}
-		tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
-		return nil
+		return a.recordOutcome(tx, &o, rt.lastFence.Load())
 	})
 	if err == nil && first {
 		a.m.unknowns.Inc()
@@ -339,7 +342,6 @@ func (w *worker) markUnknown(o store.Op, reason string) (store.Op, error) {
 // the write until an operator resolves it.
 func (w *worker) settle(rt *devRT, o store.Op) (bool, error) {
 	a := w.a
-	o.WasUnknown = true // a pending record at start-up counts as unknown
 	for attempt := 0; ; attempt++ {
 		if !rt.drv.Queryable(o.Device) {
 			if o.Status != store.OpUnknown {
@@ -392,6 +394,9 @@ func (w *worker) settle(rt *devRT, o store.Op) (bool, error) {
 		if a.stoppingNow() {
 			return false, errStopping
 		}
+		// A pending record at start-up counts as unknown: once resent, it
+		// is never answered device_unreachable (invariant 6).
+		o.WasUnknown = true
 		if err := w.newKey(rt, &o, false); err != nil {
 			return false, err
 		}
@@ -422,8 +427,14 @@ func (w *worker) finish(rt *devRT, o store.Op, code wire.Code, reason string, ra
 		}
 		if code == wire.CodeOK {
 			d.LastOpID = o.OpID
-			if state != nil {
+			switch {
+			case state != nil:
 				d.State = state
+			case o.Action != wire.ActionFence:
+				// Applied, but the device did not say its state: what
+				// was sent is the best knowledge (policies must not see
+				// the state from before a write that happened).
+				d.State = mergeState(d.State, o.ParamsSent)
 			}
 		}
 		d.UpdatedAt = now
@@ -435,19 +446,7 @@ func (w *worker) finish(rt *devRT, o store.Op, code wire.Code, reason string, ra
 		if code == wire.CodeOK && o.Action != wire.ActionFence {
 			o.Output = stateOrEmpty(state)
 		}
-		if err := tx.PutOp(o); err != nil {
-			return err
-		}
-		e, err := tx.OutboxAppend(store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
-			Payload: mustJSON(resultOf(o, d.LastFence, false)), Device: o.Device, OpID: o.OpID})
-		if err != nil {
-			return err
-		}
-		if err := tx.InboxDelete(o.Worker, o.InboxSeq); err != nil {
-			return err
-		}
-		tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
-		return nil
+		return a.recordOutcome(tx, &o, d.LastFence)
 	})
 	if err != nil {
 		return false, err
@@ -462,28 +461,65 @@ func (w *worker) finish(rt *devRT, o store.Op, code wire.Code, reason string, ra
 
 // drop ends a command that leaves no record (policy_error,
 // device_unreachable): its record and inbox entry go, its Result enters the
-// outbox, in one transaction. last_fence, if raised, stays raised.
-func (w *worker) drop(rt *devRT, o store.Op, code wire.Code, reason string) (bool, error) {
+// outbox, in one transaction. raise raises last_fence to o.Fence;
+// last_fence, if raised earlier, stays raised.
+func (w *worker) drop(rt *devRT, o store.Op, code wire.Code, reason string, raise bool) (bool, error) {
 	a := w.a
 	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusOf(code), code, reason, a.now().UTC()
+	o.Status = "" // not recorded
+	var d store.Device
+	raised := false
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
+		var err error
+		if d, _, err = tx.Device(o.Device); err != nil {
+			return err
+		}
+		if raise && o.Fence > d.LastFence {
+			d.LastFence, d.UpdatedAt, raised = o.Fence, o.DecidedAt, true
+			if err := tx.PutDevice(o.Device, d); err != nil {
+				return err
+			}
+		}
 		if err := tx.DeleteOp(o.Device, o.OpID); err != nil {
 			return err
 		}
-		if err := tx.InboxDelete(o.Worker, o.InboxSeq); err != nil {
-			return err
-		}
-		e, err := tx.OutboxAppend(store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
-			Payload: mustJSON(resultOf(o, rt.lastFence.Load(), false)), Device: o.Device})
-		if err != nil {
-			return err
-		}
-		tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
-		return nil
+		return a.recordOutcome(tx, &o, d.LastFence)
 	})
 	if err != nil {
 		return false, err
 	}
+	rt.lastFence.Store(d.LastFence)
 	a.m.answered(code)
+	if raised {
+		a.publishState(o.Device, d)
+	}
 	return true, nil
+}
+
+// recordOutcome is the one way an outcome is written: o (final, unknown,
+// or with an empty Status: not recorded, its record already deleted), its
+// Result in the outbox, and, unless o is unknown, its inbox entry's
+// removal, in the caller's transaction. The Result is handed to the
+// publisher only after the commit (invariants 3 and 4: durable before
+// visible; recorded before published).
+func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64) error {
+	ob := store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
+		Payload: mustJSON(resultOf(*o, lastFence, false)), Device: o.Device}
+	if o.Status != "" {
+		ob.OpID = o.OpID
+		if err := tx.PutOp(*o); err != nil {
+			return err
+		}
+	}
+	e, err := tx.OutboxAppend(ob) // counts it in the record's Unpublished
+	if err != nil {
+		return err
+	}
+	if o.Status != store.OpUnknown {
+		if err := tx.InboxDelete(o.Worker, o.InboxSeq); err != nil {
+			return err
+		}
+	}
+	tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
+	return nil
 }

@@ -240,12 +240,16 @@ type lateClient struct{ c atomic.Pointer[mqtt.Client] }
 
 func (l *lateClient) set(c *mqtt.Client) { l.c.Store(c) }
 
-func (l *lateClient) Publish(ctx context.Context, topic string, payload []byte, retained bool) error {
+func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []byte, retained bool) (agent.Pending, error) {
 	c := l.c.Load()
 	if c == nil {
-		return errors.New("mqtt client not built yet")
+		return nil, errors.New("mqtt client not built yet")
 	}
-	return c.Publish(ctx, topic, payload, retained)
+	p, err := c.PublishAsync(ctx, topic, payload, retained)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, error) {

@@ -86,10 +86,19 @@ func (t *Tx) Op(dev, op string) (o Op, ok bool, err error) {
 }
 
 // PutOp writes an op record. A final record gets its place in its device's
-// history (FinalSeq) and in the expiry index the first time it is written
-// final; the device record must then be written by the caller afterwards
-// with the bumped Finals (PutOp does it).
+// history (FinalSeq, bumping the device record's Finals) and in the expiry
+// index the first time it is written final. Unpublished is the store's
+// own count (OutboxAppend and OutboxDelete keep it): the stored value is
+// kept, whatever o says, so a caller's stale copy cannot make retention
+// delete a record whose Result is still in the outbox, or keep one for ever.
 func (t *Tx) PutOp(o Op) error {
+	if cur, ok, err := t.Op(o.Device, o.OpID); err != nil {
+		return err
+	} else if ok {
+		o.Unpublished = cur.Unpublished
+	} else {
+		o.Unpublished = 0
+	}
 	if o.Status == OpFinal && o.FinalSeq == 0 {
 		d, _, err := t.Device(o.Device)
 		if err != nil {
@@ -188,8 +197,9 @@ func (t *Tx) Inbox(fn func(e InboxEntry) error) error {
 	})
 }
 
-// OutboxAppend adds a Result to the outbox and counts it on its op record
-// (if one exists), which retention then keeps.
+// OutboxAppend adds a Result to the outbox and counts it in its op
+// record's Unpublished (when the record exists), which retention then keeps
+// until it is published.
 func (t *Tx) OutboxAppend(e Outbox) (Outbox, error) {
 	b := t.tx.Bucket(bucketOutbox)
 	seq, err := b.NextSequence()

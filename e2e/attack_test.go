@@ -1,0 +1,353 @@
+package e2e
+
+// Adversarial tests: each TestAttack* drives one sequence of events that
+// breaks an invariant of DESIGN.md or a rule of PROTOCOL.md §1. A test that
+// fails shows a real bug (see the comment above it).
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/app"
+	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+var (
+	attackPluginOnce sync.Once
+	attackPluginDir  string
+	attackPluginErr  error
+)
+
+// cPlugin builds only the C range-limit plugin (clang, fast), so these
+// tests do not need the Go guests.
+func cPlugin(t testing.TB) string {
+	t.Helper()
+	attackPluginOnce.Do(func() {
+		attackPluginDir = filepath.Join(binDir, "attack-plugins")
+		os.MkdirAll(attackPluginDir, 0o755)
+		cmd := exec.Command("clang", "--target=wasm32", "-O2", "-nostdlib", "-fno-builtin", "-Wl,--no-entry", "-Wl,--export-dynamic",
+			"-o", filepath.Join(attackPluginDir, "range-limit-c.wasm"), "../plugins/range-limit-c/range_limit.c")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			attackPluginErr = fmt.Errorf("building the C plugin: %v\n%s", err, out)
+		}
+	})
+	if attackPluginErr != nil {
+		t.Fatal(attackPluginErr)
+	}
+	return attackPluginDir
+}
+
+// Invariant 1 (DESIGN.md): "once a command or barrier with fence F has
+// passed the worker's fence check, no command with a fence below F ever
+// takes effect on the device afterwards", and PROTOCOL.md's order of checks
+// puts `last_fence = max(last_fence, fence)` before the policy.
+//
+// Sequence: the new owner's command (fence 10) passes lock/expiry/fence,
+// then the policy cannot decide (here: its input exceeds the binding's
+// max_input) -> policy_error. worker.drop() deletes the record and never
+// raises last_fence. The old owner's command (fence 5) then passes the
+// fence check (last_fence is still 0) and reaches the device.
+func TestAttackPolicyErrorLeavesFenceDown(t *testing.T) {
+	dir := cPlugin(t)
+	d := pump("pump-7")
+	d.policy = "      plugin: range-limit-c\n      config: {param: rpm, min: 0, max: 3000}\n      limits: {max_input: 2048}\n"
+	e := newEnv(t, d)
+	e.extra = "plugins:\n  dir: " + dir + "\n"
+	e.start()
+
+	pad := strings.Repeat("x", 4096)
+	e.send("pump-7", cmd("new-1", 10, "set", fmt.Sprintf(`{"rpm":100,"note":%q}`, pad)))
+	r := e.final("new-1")
+	want(t, r, wire.StatusRejected, wire.CodePolicyError)
+
+	e.send("pump-7", cmd("old-1", 5, "set", `{"rpm":2500}`))
+	r = e.final("old-1")
+	for _, j := range e.journal() {
+		if j.OpID == "old-1" {
+			t.Fatalf("fence 5 took effect on the device after fence 10 passed the fence check (policy_error left last_fence at %d): %+v", r.LastFence, j)
+		}
+	}
+	want(t, r, wire.StatusRejected, wire.CodeStaleFence)
+}
+
+// PROTOCOL.md DeviceState: `state` is "the device's last confirmed state as
+// the agent knows it" (retained). worker.newKey publishes, whenever it
+// raises last_fence, a DeviceState built from store.Device{LastFence: lf}:
+// empty state and empty last_op_id. The retained state is wiped on every
+// fence raise; while the write is then held (unknown on a device that
+// cannot be asked, or a hanging device) the retained message keeps lying.
+func TestAttackFenceRaiseWipesRetainedState(t *testing.T) {
+	e := newEnv(t, pump("pump-7"))
+	states := mqtttest.Subscribe(t, e.broker, wire.StateTopic(wire.DefaultPrefix, gw, "pump-7"))
+	e.start()
+
+	e.send("pump-7", cmd("a-1", 1, "set", `{"rpm":100}`))
+	want(t, e.final("a-1"), wire.StatusApplied, wire.CodeOK)
+	// Skip up to the state that a-1 produced.
+	mqtttest.Await(t, states, 10*time.Second, func(m mqtttest.Received) bool {
+		var s wire.DeviceState
+		return json.Unmarshal(m.Payload, &s) == nil && s.LastOpID == "a-1"
+	})
+
+	e.send("pump-7", cmd("b-1", 2, "set", `{"rpm":200}`))
+	want(t, e.final("b-1"), wire.StatusApplied, wire.CodeOK)
+	for {
+		m := mqtttest.Await(t, states, 10*time.Second, func(mqtttest.Received) bool { return true })
+		var s wire.DeviceState
+		if err := json.Unmarshal(m.Payload, &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.LastOpID == "" || string(s.State) == "{}" {
+			t.Fatalf("retained DeviceState lost the device's confirmed state on a fence raise: %s", m.Payload)
+		}
+		if s.LastOpID == "b-1" {
+			return
+		}
+	}
+}
+
+// PROTOCOL.md §1: "An `unknown` outcome is recorded as unknown, published,
+// and once resolved, recorded and published again"; DESIGN.md recovery:
+// "every pending record counts as unknown".
+//
+// Sequence: device queryable: false; the agent is SIGKILLed after the
+// write (after_write). On restart, settle() sets o.WasUnknown = true before
+// markUnknown(), so markUnknown's `first` is false and no unknown Result
+// enters the outbox: the op is held for an operator indefinitely and the
+// controller is never told its outcome is unknown.
+func TestAttackNonQueryableCrashPublishesNoUnknown(t *testing.T) {
+	d := pump("pump-7")
+	d.queryable = false
+	e := newEnv(t, d)
+	e.startProc("EDGE_AGENT_CRASH=after_write:op-1")
+	e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
+	if code := e.waitExit(20 * time.Second); code != -1 {
+		t.Fatalf("agent exited %d, want killed at the crash point", code)
+	}
+	e.startProc()
+	// Held until an operator resolves it: an unknown Result must come.
+	r := e.res.wait("op-1", 1, 8*time.Second)
+	want(t, r, wire.StatusUnknown, wire.CodeOutcomeUnknown)
+}
+
+// DESIGN.md Retention: "records whose Result is still in the outbox are
+// never deleted", and a final record is deleted once it is older than the
+// retention and not among the last N. Both rest on op.Unpublished being
+// exactly the number of the op's Results in the outbox. The worker writes
+// its in-memory copy of the op back (PutOp(o) in newKey / markUnknown /
+// finish) after the publisher changed the stored count (OutboxDelete), so
+// for an op that was unknown the count drifts:
+//   - broker up (the unknown Result is published before the op is
+//     resolved): the in-memory count is written back on top of the
+//     decrement, and the record keeps Unpublished > 0 with an empty outbox:
+//     it is never swept (retention leak: every op that was ever unknown is
+//     kept for ever);
+//   - broker down (both Results still in the outbox): depending on the
+//     version the count can also be lower than the outbox, and the record
+//     can then be swept while its final Result is unpublished, so a resend
+//     is executed again (invariant 2).
+//
+// The count must equal the outbox in both cases.
+func TestAttackUnpublishedCountDrifts(t *testing.T) {
+	d := pump("pump-7")
+	d.timeout = "300ms"
+	e := newEnv(t, d)
+	a := e.start()
+	count := func(op string) (store.Op, int) {
+		var rec store.Op
+		entries := 0
+		a.Store().View(func(tx *store.Tx) error {
+			rec, _, _ = tx.Op("pump-7", op)
+			return tx.Outbox(func(o store.Outbox) error {
+				if o.OpID == op {
+					entries++
+				}
+				return nil
+			})
+		})
+		return rec, entries
+	}
+	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 1500})
+
+	// Broker up: unknown published, then resolved applied and published.
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	want(t, e.result("op-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
+	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
+	var rec store.Op
+	var entries int
+	eventually(t, 10*time.Second, "op-1's Results left the outbox", func() bool {
+		rec, entries = count("op-1")
+		return entries == 0
+	})
+	time.Sleep(200 * time.Millisecond) // the last OutboxDelete's commit
+	rec, entries = count("op-1")
+	brokerUp := fmt.Sprintf("broker up: op-1 has %d Results in the outbox, its record counts %d unpublished", entries, rec.Unpublished)
+
+	// Broker down while op-2's write is under way: both Results stay.
+	d0 := e.sim.Injected().Delayed
+	e.send("pump-7", cmd("op-2", 3, "set", `{"rpm":400}`))
+	eventually(t, 10*time.Second, "op-2 under way", func() bool { return e.sim.Injected().Delayed > d0 })
+	e.mosq.Stop()
+	eventually(t, 15*time.Second, "op-2 final", func() bool {
+		r, _ := count("op-2")
+		return r.Status == store.OpFinal
+	})
+	rec2, entries2 := count("op-2")
+	brokerDown := fmt.Sprintf("broker down: op-2 has %d Results in the outbox, its record counts %d unpublished", entries2, rec2.Unpublished)
+	if rec.Unpublished != entries || rec2.Unpublished != entries2 {
+		t.Fatalf("op.Unpublished does not match the outbox:\n%s\n%s", brokerUp, brokerDown)
+	}
+}
+
+var (
+	attackInterlockOnce sync.Once
+	attackInterlockErr  error
+)
+
+// goPlugin builds the interlock Go guest only, into the same dir as cPlugin.
+func interlockPlugin(t testing.TB) string {
+	t.Helper()
+	dir := cPlugin(t)
+	attackInterlockOnce.Do(func() {
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "interlock.wasm"), "../plugins/interlock")
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			attackInterlockErr = fmt.Errorf("building the interlock plugin: %v\n%s", err, out)
+		}
+	})
+	if attackInterlockErr != nil {
+		t.Fatal(attackInterlockErr)
+	}
+	return dir
+}
+
+// DESIGN.md device groups: "its policy sees every member's state"; the
+// group exists so that "the valve may not open while the pump runs".
+//
+// Sequence: pump-1 (queryable: false) and valve-2 form a group guarded by
+// the interlock policy. "pump-1 set rpm 500" times out (the firmware
+// applies it late) -> unknown, held. The operator resolves it applied.
+// Agent.Resolve records applied/ok but leaves the device's State as it was
+// ({}: never confirmed), so the group view still shows pump-1 stopped and
+// the interlock lets "valve-2 open 50" reach the device while the pump runs.
+func TestAttackOperatorResolveHidesPumpFromInterlock(t *testing.T) {
+	dir := interlockPlugin(t)
+	p := pump("pump-1")
+	p.group, p.queryable, p.timeout = "station", false, "300ms"
+	v := pump("valve-2")
+	v.typ, v.group = "valve", "station"
+	v.policy = "      plugin: interlock\n      config: {pump: pump-1, valve: valve-2}\n"
+	e := newEnv(t, p, v)
+	e.extra = "plugins:\n  dir: " + dir + "\n"
+	e.start()
+	setFaults(t, e.sim, sim.Faults{Device: "pump-1", LatencyMS: 1500})
+
+	e.send("pump-1", cmd("i1", 10, "set", `{"rpm":500}`))
+	want(t, e.result("i1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
+	eventually(t, 10*time.Second, "the firmware applied i1", func() bool {
+		for _, j := range e.journal() {
+			if j.OpID == "i1" {
+				return true
+			}
+		}
+		return false
+	})
+	resp, err := http.Post("http://"+e.app.AdminAddr()+"/v1/devices/pump-1/ops/i1/resolve", "application/json", strings.NewReader(`{"applied":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("resolve: HTTP %d", resp.StatusCode)
+	}
+	want(t, e.final("i1"), wire.StatusApplied, wire.CodeOK)
+
+	e.send("valve-2", cmd("i2", 10, "set", `{"open":50}`))
+	r := e.final("i2")
+	for _, j := range e.journal() {
+		if j.OpID == "i2" {
+			t.Fatalf("valve-2 opened while pump-1 runs (operator confirmed rpm 500 applied); Result %s/%s: %s", r.Status, r.Code, r.Reason)
+		}
+	}
+}
+
+// Invariant 4: "unpublished Results are published" after a restart.
+//
+// Sequence: op-1's Results are recorded while the broker is down (they stay
+// in the outbox); the agent is stopped and started again while the broker
+// is still down; then the broker comes back. At start-up the publisher
+// hands the outbox to mqtt.Client.PublishAsync as soon as Start has built
+// the paho client, but before its first connect succeeded: paho (with
+// ConnectRetry false) completes that publish token at once with
+// ErrNotConnected, publisher.confirm logs "publish not confirmed" and moves
+// on, and nothing ever retries it in this run: the Results stay in the
+// outbox unpublished until the next restart. The same happens to every
+// Result recorded by recovery (pending writes resolved, queued commands)
+// before the first connect.
+func TestAttackOutboxNotRepublishedWhenBrokerDownAtStart(t *testing.T) {
+	d := pump("pump-7")
+	d.timeout = "300ms"
+	e := newEnv(t, d)
+	a := e.start()
+	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 1500})
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
+	e.mosq.Stop()
+	outbox := func(a *app.App) int {
+		n := 0
+		a.Store().View(func(tx *store.Tx) error {
+			return tx.Outbox(func(o store.Outbox) error {
+				if o.OpID == "op-1" {
+					n++
+				}
+				return nil
+			})
+		})
+		return n
+	}
+	eventually(t, 15*time.Second, "op-1 final", func() bool {
+		var rec store.Op
+		a.Store().View(func(tx *store.Tx) error { rec, _, _ = tx.Op("pump-7", "op-1"); return nil })
+		return rec.Status == store.OpFinal
+	})
+	e.stop()
+
+	// Start again with the broker still down (start() would wait for it).
+	cfg, err := config.Load(e.writeConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a2 := app.New(cfg, app.Options{Logger: log, Version: "e2e"})
+	if err := a2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.app = a2
+	if n := outbox(a2); n == 0 {
+		t.Fatal("op-1's Results are not in the outbox at the restart; the sequence did not happen")
+	}
+	time.Sleep(2 * time.Second)
+	e.mosq.Restart()
+	eventually(t, 10*time.Second, "agent connected again", func() bool { return a2.Ready() == nil })
+	deadline := time.Now().Add(10 * time.Second)
+	for outbox(a2) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("op-1 still has %d Results in the outbox 10s after the broker came back: never published in this run", outbox(a2))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
