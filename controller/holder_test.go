@@ -388,3 +388,27 @@ func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestRevokedLeaseIsLost(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli := c.Client(t)
+	h, err := Acquire(context.Background(), cli, []string{"locks/revoked"}, &LockOptions{TTL: 10 * time.Second, RenewInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone else (an operator, a compaction of leases) ends the session.
+	if _, err := c.Client(t).Revoke(context.Background(), h.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	eventually(t, 5*time.Second, "holder LOST", func() bool { return h.State() == StateLost })
+	if d := time.Since(revoked); d > 2*time.Second {
+		t.Fatalf("LOST %v after the revoke; the TTL (10s) should not be waited for", d)
+	}
+	if !errors.Is(h.Check(), ErrSessionEnded) || !errors.Is(context.Cause(h.Context()), ErrSessionEnded) {
+		t.Fatalf("check %v, cause %v; want ErrSessionEnded", h.Check(), context.Cause(h.Context()))
+	}
+	if err := h.Release(context.Background()); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("release after the revoke: %v, want ErrNotOwner", err)
+	}
+}
