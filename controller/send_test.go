@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -293,5 +294,36 @@ func TestDialUnreachableBroker(t *testing.T) {
 	_, err := Dial(ctx, ConnOptions{Broker: "tcp://127.0.0.1:1", Gateway: "gw", ConnectTimeout: time.Second})
 	if !errors.Is(err, ErrConnect) {
 		t.Fatalf("dial: %v, want ErrConnect", err)
+	}
+}
+
+func TestSendCommandFields(t *testing.T) {
+	broker := startMosquitto(t)
+	rs := startResponder(t, broker, "gw-fields", func(c wire.Command, _ int) []delayed {
+		return []delayed{{0, result(c, wire.CodeOK, c.Fence)}}
+	})
+	conn := dial(t, broker, "gw-fields")
+	s := NewSender(conn, &FixedFence{Fence: 5, Lock: "locks/l", Holder: "ctl-a"}, &SendOptions{ExpiresIn: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	before := time.Now()
+	if _, err := s.Send(ctx, "pump-7", "set", json.RawMessage(`{"rpm": 7}`), WithOpID("my-op.1")); err != nil {
+		t.Fatal(err)
+	}
+	got := rs.seen()[0].cmd
+	if got.OpID != "my-op.1" || got.Holder != "ctl-a" || got.Lock != "locks/l" || got.Fence != 5 ||
+		string(got.Params) != `{"rpm":7}` || got.ExpiresAt == nil || got.ExpiresAt.Before(before.Add(59*time.Second)) {
+		t.Fatalf("command %+v", got)
+	}
+	for _, bad := range []struct {
+		dev, action string
+		params      any
+	}{{"a/b", "set", nil}, {"pump-7", "Set", nil}, {"pump-7", "set", []int{1}}, {"pump-7", "set", json.RawMessage(`{`)}} {
+		if _, err := s.Send(ctx, bad.dev, bad.action, bad.params); !errors.Is(err, ErrInvalidCommand) {
+			t.Fatalf("send %+v: %v, want ErrInvalidCommand", bad, err)
+		}
+	}
+	if len(rs.seen()) != 1 {
+		t.Fatal("an invalid command was published")
 	}
 }
