@@ -1,0 +1,359 @@
+// Package mqtttest starts real MQTT brokers for tests and talks to them:
+//
+//   - StartMosquitto: mosquitto running the project's configs/mosquitto.conf
+//     on a free loopback port, data in t.TempDir(); Stop, Kill, Restart
+//     (same port, same data) and Wipe to test reconnects and persistence.
+//   - StartEmbedded: the agent's embedded broker (mqtt.Embedded), with the
+//     same Stop, Restart and Wipe; both satisfy Broker, so a test can run
+//     against each.
+//   - Subscribe / Await / AwaitPayload: a throwaway subscriber whose
+//     messages a test waits for with a deadline.
+//   - Publish: a one-shot QoS 1 publish.
+//   - NewProxy: a TCP proxy whose Cut drops every connection through it,
+//     as a dying process or network would (the broker sends the will).
+//   - FreePort: a free port outside the ephemeral range.
+//
+// It is an ordinary package so that every package's tests can use it; it
+// imports testing and must not be linked into a program.
+package mqtttest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// MosquittoBinary is where StartMosquitto looks for mosquitto first; then
+// it searches PATH.
+const MosquittoBinary = "/usr/sbin/mosquitto"
+
+// Broker is what StartMosquitto and StartEmbedded return, so that a test
+// can run against both.
+type Broker interface {
+	// URL is the broker's tcp://127.0.0.1:port.
+	URL() string
+	// Stop shuts the broker down cleanly (it saves its state) and waits.
+	Stop()
+	// Restart starts it again on the same port with the same data; it
+	// stops it first if it is running.
+	Restart()
+	// Wipe deletes the broker's persisted data (sessions, subscriptions,
+	// queued and retained messages); only while it is stopped.
+	Wipe()
+}
+
+// Mosquitto is a mosquitto process running the shipped config.
+type Mosquitto struct {
+	t    testing.TB
+	bin  string
+	dir  string // holds mosquitto.conf; data/ is the persistence location
+	port int
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    *syncBuffer
+}
+
+// StartMosquitto runs mosquitto with configs/mosquitto.conf (the listener
+// moved to a free loopback port, persistence_location to a temporary
+// directory, logging to a buffer that is printed if the test fails) and
+// returns once it accepts connections. It is killed in t.Cleanup.
+//
+// Without a mosquitto binary the test is skipped, except under CI (CI set
+// in the environment), where it fails: CI must install mosquitto
+// (apt-get install mosquitto).
+func StartMosquitto(t testing.TB) *Mosquitto {
+	t.Helper()
+	bin := MosquittoBinary
+	if _, err := os.Stat(bin); err != nil {
+		p, lerr := exec.LookPath("mosquitto")
+		if lerr != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("mqtttest: mosquitto not found (%s, PATH): install it (apt-get install mosquitto)", bin)
+			}
+			t.Skipf("mqtttest: mosquitto not found (%s, PATH); apt-get install mosquitto", bin)
+		}
+		bin = p
+	}
+	src, err := ShippedMosquittoConf()
+	if err != nil {
+		t.Fatalf("mqtttest: %v", err)
+	}
+	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &syncBuffer{}}
+	if err := os.Mkdir(filepath.Join(m.dir, "data"), 0o700); err != nil {
+		t.Fatalf("mqtttest: %v", err)
+	}
+	t.Cleanup(func() {
+		m.kill()
+		if t.Failed() {
+			t.Logf("mosquitto log:\n%s", m.log.String())
+		}
+	})
+	// A free port can be taken between our probe and mosquitto's bind:
+	// try a few.
+	for attempt := 1; ; attempt++ {
+		m.port = FreePort(t)
+		if err := m.writeConf(src); err != nil {
+			t.Fatalf("mqtttest: %v", err)
+		}
+		err := m.start()
+		if err == nil {
+			return m
+		}
+		if attempt == 3 {
+			t.Fatalf("mqtttest: mosquitto did not start: %v\n%s", err, m.log.String())
+		}
+	}
+}
+
+// ShippedMosquittoConf returns the path of configs/mosquitto.conf: found
+// from the working directory upwards (go test runs in the package's
+// directory), else relative to this source file.
+func ShippedMosquittoConf() (string, error) {
+	rel := filepath.Join("configs", "mosquitto.conf")
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; ; d = filepath.Dir(d) {
+			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+				p := filepath.Join(d, rel)
+				if _, err := os.Stat(p); err == nil {
+					return p, nil
+				}
+				break
+			}
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
+	if _, file, _, ok := runtime.Caller(0); ok {
+		p := filepath.Join(filepath.Dir(file), "..", "..", rel)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("configs/mosquitto.conf not found above the working directory")
+}
+
+// writeConf copies the shipped config, rewriting the lines that name
+// machine-specific places: listener (port), persistence_location,
+// log_dest and pid_file; and adds "user root" when running as root (else
+// mosquitto drops to the mosquitto user, who cannot write t.TempDir()).
+func (m *Mosquitto) writeConf(src string) error {
+	in, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "# generated by mqtttest from %s\n", src)
+	sawListener, sawPersistence := false, false
+	sc := bufio.NewScanner(bytes.NewReader(in))
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		key := ""
+		if len(f) > 0 {
+			key = f[0]
+		}
+		switch key {
+		case "listener":
+			if sawListener {
+				return fmt.Errorf("%s: more than one listener; mqtttest rewrites exactly one", src)
+			}
+			sawListener = true
+			fmt.Fprintf(&out, "listener %d 127.0.0.1\n", m.port)
+		case "persistence_location":
+			sawPersistence = true
+			fmt.Fprintf(&out, "persistence_location %s/\n", filepath.Join(m.dir, "data"))
+		case "log_dest", "pid_file", "user":
+			// replaced below
+		default:
+			out.WriteString(line + "\n")
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if !sawListener || !sawPersistence {
+		return fmt.Errorf("%s: needs a listener and a persistence_location line", src)
+	}
+	out.WriteString("log_dest stdout\n")
+	if os.Getenv("MQTTTEST_VERBOSE") != "" { // every packet, for debugging
+		out.WriteString("log_type all\n")
+	}
+	if os.Geteuid() == 0 {
+		out.WriteString("user root\n")
+	}
+	return os.WriteFile(filepath.Join(m.dir, "mosquitto.conf"), out.Bytes(), 0o600)
+}
+
+func (m *Mosquitto) start() error {
+	cmd := exec.Command(m.bin, "-c", filepath.Join(m.dir, "mosquitto.conf"))
+	cmd.Stdout = m.log
+	cmd.Stderr = m.log
+	cmd.SysProcAttr = procAttr()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	m.mu.Lock()
+	m.cmd, m.exited = cmd, exited
+	m.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", m.Addr(), 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("mosquitto exited: %v", cmd.ProcessState)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			m.kill()
+			return fmt.Errorf("mosquitto does not accept connections on %s after 10s", m.Addr())
+		}
+	}
+}
+
+// Addr is 127.0.0.1:port.
+func (m *Mosquitto) Addr() string { return "127.0.0.1:" + strconv.Itoa(m.port) }
+
+// URL is tcp://127.0.0.1:port.
+func (m *Mosquitto) URL() string { return "tcp://" + m.Addr() }
+
+// DataDir is the persistence_location.
+func (m *Mosquitto) DataDir() string { return filepath.Join(m.dir, "data") }
+
+// Log returns what mosquitto logged so far.
+func (m *Mosquitto) Log() string { return m.log.String() }
+
+// Stop sends SIGTERM (mosquitto saves its database) and waits for the
+// process to exit. A no-op when it is not running.
+func (m *Mosquitto) Stop() {
+	m.t.Helper()
+	m.signal(syscall.SIGTERM, 10*time.Second)
+}
+
+// Kill sends SIGKILL and waits: whatever mosquitto had not saved yet (see
+// autosave_interval) is lost, as in a crash.
+func (m *Mosquitto) Kill() {
+	m.t.Helper()
+	m.kill()
+}
+
+func (m *Mosquitto) kill() { m.signal(syscall.SIGKILL, 10*time.Second) }
+
+func (m *Mosquitto) signal(sig syscall.Signal, wait time.Duration) {
+	m.mu.Lock()
+	cmd, exited := m.cmd, m.exited
+	m.cmd = nil
+	m.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(wait):
+		_ = cmd.Process.Kill()
+		<-exited
+		m.t.Errorf("mqtttest: mosquitto did not exit within %s of %v; killed", wait, sig)
+	}
+}
+
+// Restart stops mosquitto if it runs and starts it again on the same port
+// with the same data.
+func (m *Mosquitto) Restart() {
+	m.t.Helper()
+	m.Stop()
+	if err := m.start(); err != nil {
+		m.t.Fatalf("mqtttest: mosquitto restart: %v\n%s", err, m.log.String())
+	}
+}
+
+// Wipe deletes the persisted database; only while mosquitto is stopped.
+func (m *Mosquitto) Wipe() {
+	m.t.Helper()
+	m.mu.Lock()
+	running := m.cmd != nil
+	m.mu.Unlock()
+	if running {
+		m.t.Fatal("mqtttest: Wipe while mosquitto runs")
+	}
+	if err := os.RemoveAll(m.DataDir()); err != nil {
+		m.t.Fatal(err)
+	}
+	if err := os.Mkdir(m.DataDir(), 0o700); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+// FreePort returns a loopback TCP port that is free now, taken below the
+// kernel's ephemeral range (ip_local_port_range) when it can: a broker
+// restarted on the same port must not find it taken by some client's
+// outgoing connection, which gets its local port from that range.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				lo = n
+			}
+		}
+	}
+	const base = 10000
+	if lo > base+1000 {
+		for range 200 {
+			port := base + rand.IntN(lo-base)
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+			if err == nil {
+				_ = ln.Close()
+				return port
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("mqtttest: free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,102 @@
+package mqtttest
+
+import (
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Proxy forwards TCP connections from a free loopback port to a broker.
+// Cut drops every connection through it at once, which both ends see as
+// an ungraceful disconnect: the broker sends the client's last will, and
+// the client reconnects (through the proxy, which keeps accepting).
+type Proxy struct {
+	t      testing.TB
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewProxy starts a proxy to target (host:port or tcp://host:port); it is
+// closed in t.Cleanup.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("mqtttest: proxy: %v", err)
+	}
+	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(target, "tcp://"), conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// URL is the proxy's tcp://127.0.0.1:port.
+func (p *Proxy) URL() string { return "tcp://" + p.ln.Addr().String() }
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		b, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = c.Close()
+			_ = b.Close()
+			return
+		}
+		p.conns[c], p.conns[b] = struct{}{}, struct{}{}
+		p.wg.Add(2)
+		p.mu.Unlock()
+		go p.pipe(c, b)
+		go p.pipe(b, c)
+	}
+}
+
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	_ = dst.Close()
+	_ = src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
+}
+
+// Cut closes every connection through the proxy (both sides, without a
+// DISCONNECT); new connections are accepted as before.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // RST: no graceful close
+		}
+		_ = c.Close()
+	}
+}
+
+func (p *Proxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+}
