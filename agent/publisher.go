@@ -113,7 +113,8 @@ func (p *publisher) loop() {
 		if next != nil {
 			p.busy++
 		}
-		idle := len(p.q) == 0 && p.busy == 0
+		qEmpty := len(p.q) == 0
+		idle := qEmpty && p.busy == 0
 		p.mu.Unlock()
 		if idle {
 			select {
@@ -146,8 +147,8 @@ func (p *publisher) loop() {
 		}
 		// Window full or queue empty: confirm the oldest.
 		var waitCh <-chan struct{}
-		if len(p.q) == 0 {
-			waitCh = p.wake
+		if qEmpty {
+			waitCh = p.wake // a new item may be sent while this one is confirmed
 		}
 		ok, err := p.confirm(fly[0], waitCh)
 		if !ok {

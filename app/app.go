@@ -287,7 +287,8 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 		}
 		b := policy.Binding{Plugin: d.Policy.Plugin, Path: filepath.Join(cfg.Plugins.Dir, d.Policy.Plugin+".wasm"), Config: d.Policy.ConfigJSON}
 		if l := d.Policy.Limits; l != nil {
-			b.Limits = policy.Limits{Timeout: l.Timeout.D(), Memory: int64(l.MemoryMiB) << 20, MaxInput: l.MaxInput, MaxOutput: l.MaxOutput}
+			b.Limits = policy.Limits{Timeout: l.Timeout.D(), Memory: int64(l.MemoryMiB) << 20, MaxInput: l.MaxInput,
+				MaxOutput: l.MaxOutput, Instances: l.Instances, InitTimeout: l.InitTimeout.D()}
 		}
 		if err := h.Bind(d.ID, b); err != nil {
 			return nil, fmt.Errorf("%w: devices[%d] (%s).policy: %v", ErrConfig, i, d.ID, err)

@@ -120,10 +120,12 @@ type Policy struct {
 
 // Limits override the plugin ABI's default limits for one binding.
 type Limits struct {
-	Timeout   Duration `yaml:"timeout"`    // per call; default 50ms
-	MemoryMiB int      `yaml:"memory_mib"` // default 64
-	MaxInput  int      `yaml:"max_input"`  // bytes; default 1 MiB
-	MaxOutput int      `yaml:"max_output"` // bytes; default 64 KiB
+	Timeout     Duration `yaml:"timeout"`      // per call; default 50ms
+	MemoryMiB   int      `yaml:"memory_mib"`   // default 64
+	MaxInput    int      `yaml:"max_input"`    // bytes; default 1 MiB
+	MaxOutput   int      `yaml:"max_output"`   // bytes; default 64 KiB
+	Instances   int      `yaml:"instances"`    // warm instances; default 4
+	InitTimeout Duration `yaml:"init_timeout"` // instantiation + policy_init; default 1s
 }
 
 // Default values (PROTOCOL.md §5).
@@ -305,6 +307,9 @@ func (c *Config) validate() error {
 			return bad(key+".driver.retries", "%d: must be from 0 to 10", *d.Driver.Retries)
 		}
 		if d.Policy != nil {
+			if l := d.Policy.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {
+				return bad(key+".policy.limits", "must not be negative")
+			}
 			if d.Policy.Plugin == "" {
 				return bad(key+".policy.plugin", "required")
 			}

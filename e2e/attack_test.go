@@ -10,11 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,31 +21,6 @@ import (
 	"github.com/edge-agent/edge-agent/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
-
-var (
-	attackPluginOnce sync.Once
-	attackPluginDir  string
-	attackPluginErr  error
-)
-
-// cPlugin builds only the C range-limit plugin (clang, fast), so these
-// tests do not need the Go guests.
-func cPlugin(t testing.TB) string {
-	t.Helper()
-	attackPluginOnce.Do(func() {
-		attackPluginDir = filepath.Join(binDir, "attack-plugins")
-		os.MkdirAll(attackPluginDir, 0o755)
-		cmd := exec.Command("clang", "--target=wasm32", "-O2", "-nostdlib", "-fno-builtin", "-Wl,--no-entry", "-Wl,--export-dynamic",
-			"-o", filepath.Join(attackPluginDir, "range-limit-c.wasm"), "../plugins/range-limit-c/range_limit.c")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			attackPluginErr = fmt.Errorf("building the C plugin: %v\n%s", err, out)
-		}
-	})
-	if attackPluginErr != nil {
-		t.Fatal(attackPluginErr)
-	}
-	return attackPluginDir
-}
 
 // Invariant 1 (DESIGN.md): "once a command or barrier with fence F has
 // passed the worker's fence check, no command with a fence below F ever
@@ -62,7 +33,7 @@ func cPlugin(t testing.TB) string {
 // raises last_fence. The old owner's command (fence 5) then passes the
 // fence check (last_fence is still 0) and reaches the device.
 func TestAttackPolicyErrorLeavesFenceDown(t *testing.T) {
-	dir := cPlugin(t)
+	dir := plugins(t)
 	d := pump("pump-7")
 	d.policy = "      plugin: range-limit-c\n      config: {param: rpm, min: 0, max: 3000}\n      limits: {max_input: 2048}\n"
 	e := newEnv(t, d)
@@ -213,28 +184,6 @@ func TestAttackUnpublishedCountDrifts(t *testing.T) {
 	}
 }
 
-var (
-	attackInterlockOnce sync.Once
-	attackInterlockErr  error
-)
-
-// goPlugin builds the interlock Go guest only, into the same dir as cPlugin.
-func interlockPlugin(t testing.TB) string {
-	t.Helper()
-	dir := cPlugin(t)
-	attackInterlockOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "interlock.wasm"), "../plugins/interlock")
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			attackInterlockErr = fmt.Errorf("building the interlock plugin: %v\n%s", err, out)
-		}
-	})
-	if attackInterlockErr != nil {
-		t.Fatal(attackInterlockErr)
-	}
-	return dir
-}
-
 // DESIGN.md device groups: "its policy sees every member's state"; the
 // group exists so that "the valve may not open while the pump runs".
 //
@@ -245,12 +194,12 @@ func interlockPlugin(t testing.TB) string {
 // ({}: never confirmed), so the group view still shows pump-1 stopped and
 // the interlock lets "valve-2 open 50" reach the device while the pump runs.
 func TestAttackOperatorResolveHidesPumpFromInterlock(t *testing.T) {
-	dir := interlockPlugin(t)
+	dir := plugins(t)
 	p := pump("pump-1")
 	p.group, p.queryable, p.timeout = "station", false, "300ms"
 	v := pump("valve-2")
 	v.typ, v.group = "valve", "station"
-	v.policy = "      plugin: interlock\n      config: {pump: pump-1, valve: valve-2}\n"
+	v = withPolicy(v, "interlock", "{pump: pump-1, valve: valve-2}")
 	e := newEnv(t, p, v)
 	e.extra = "plugins:\n  dir: " + dir + "\n"
 	e.start()

@@ -50,6 +50,11 @@ func plugins(t testing.TB) string {
 
 func withPolicy(d devSpec, plugin, config string) devSpec {
 	d.policy = fmt.Sprintf("      plugin: %s\n      config: %s\n", plugin, config)
+	if raceEnabled {
+		// The race detector slows the host side of every call by an
+		// order of magnitude; the deadlines are tested in policy/.
+		d.policy += "      limits: {timeout: 2s, init_timeout: 20s}\n"
+	}
 	return d
 }
 
