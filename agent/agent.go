@@ -305,8 +305,13 @@ func (a *Agent) waitPublished(dev, op string, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		var o store.Op
-		a.st.View(func(tx *store.Tx) error { o, _, _ = tx.Op(dev, op); return nil })
-		if o.Status == store.OpFinal && o.Unpublished == 0 {
+		var held bool
+		a.st.View(func(tx *store.Tx) error {
+			o, _, _ = tx.Op(dev, op)
+			held, _ = tx.OutboxHolds(dev, op)
+			return nil
+		})
+		if o.Status == store.OpFinal && !held {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)

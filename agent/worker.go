@@ -511,7 +511,7 @@ func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64) error 
 			return err
 		}
 	}
-	e, err := tx.OutboxAppend(ob) // counts it in the record's Unpublished
+	e, err := tx.OutboxAppend(ob)
 	if err != nil {
 		return err
 	}

@@ -116,33 +116,22 @@ func TestAttackNonQueryableCrashPublishesNoUnknown(t *testing.T) {
 }
 
 // DESIGN.md Retention: "records whose Result is still in the outbox are
-// never deleted", and a final record is deleted once it is older than the
-// retention and not among the last N. Both rest on op.Unpublished being
-// exactly the number of the op's Results in the outbox. The worker writes
-// its in-memory copy of the op back (PutOp(o) in newKey / markUnknown /
-// finish) after the publisher changed the stored count (OutboxDelete), so
-// for an op that was unknown the count drifts:
-//   - broker up (the unknown Result is published before the op is
-//     resolved): the in-memory count is written back on top of the
-//     decrement, and the record keeps Unpublished > 0 with an empty outbox:
-//     it is never swept (retention leak: every op that was ever unknown is
-//     kept for ever);
-//   - broker down (both Results still in the outbox): depending on the
-//     version the count can also be lower than the outbox, and the record
-//     can then be swept while its final Result is unpublished, so a resend
-//     is executed again (invariant 2).
-//
-// The count must equal the outbox in both cases.
-func TestAttackUnpublishedCountDrifts(t *testing.T) {
+// never deleted", and a final record goes once it is older than the
+// retention and not among the last N. (The first version counted each op's
+// unpublished Results on its record; the worker wrote stale copies back
+// and the count drifted, so records leaked or could be swept unpublished.
+// Sweep now looks the outbox up instead.) With the broker down, an op that
+// was unknown and then applied has both Results in the outbox: a sweep with
+// the clock ten years ahead and keep_last 0 must keep its record; once the
+// broker is back and the Results are published, the same sweep deletes it.
+func TestAttackRetentionKeepsUnpublishedRecords(t *testing.T) {
 	d := pump("pump-7")
 	d.timeout = "300ms"
 	e := newEnv(t, d)
 	a := e.start()
-	count := func(op string) (store.Op, int) {
-		var rec store.Op
-		entries := 0
+	inOutbox := func(op string) (rec store.Op, found bool, entries int) {
 		a.Store().View(func(tx *store.Tx) error {
-			rec, _, _ = tx.Op("pump-7", op)
+			rec, found, _ = tx.Op("pump-7", op)
 			return tx.Outbox(func(o store.Outbox) error {
 				if o.OpID == op {
 					entries++
@@ -150,37 +139,44 @@ func TestAttackUnpublishedCountDrifts(t *testing.T) {
 				return nil
 			})
 		})
-		return rec, entries
+		return
+	}
+	sweep := func() int {
+		var n int
+		if err := a.Store().Update(context.Background(), func(tx *store.Tx) error {
+			var err error
+			n, err = tx.Sweep(time.Now().Add(10*365*24*time.Hour), time.Hour, 0, 1000)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 1500})
-
-	// Broker up: unknown published, then resolved applied and published.
-	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
-	want(t, e.result("op-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
-	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
-	var rec store.Op
-	var entries int
-	eventually(t, 10*time.Second, "op-1's Results left the outbox", func() bool {
-		rec, entries = count("op-1")
-		return entries == 0
-	})
-	time.Sleep(200 * time.Millisecond) // the last OutboxDelete's commit
-	rec, entries = count("op-1")
-	brokerUp := fmt.Sprintf("broker up: op-1 has %d Results in the outbox, its record counts %d unpublished", entries, rec.Unpublished)
-
-	// Broker down while op-2's write is under way: both Results stay.
-	d0 := e.sim.Injected().Delayed
 	e.send("pump-7", cmd("op-2", 3, "set", `{"rpm":400}`))
-	eventually(t, 10*time.Second, "op-2 under way", func() bool { return e.sim.Injected().Delayed > d0 })
+	eventually(t, 10*time.Second, "op-2 under way", func() bool { return e.sim.Injected().Delayed > 0 })
 	e.mosq.Stop()
 	eventually(t, 15*time.Second, "op-2 final", func() bool {
-		r, _ := count("op-2")
+		r, _, _ := inOutbox("op-2")
 		return r.Status == store.OpFinal
 	})
-	rec2, entries2 := count("op-2")
-	brokerDown := fmt.Sprintf("broker down: op-2 has %d Results in the outbox, its record counts %d unpublished", entries2, rec2.Unpublished)
-	if rec.Unpublished != entries || rec2.Unpublished != entries2 {
-		t.Fatalf("op.Unpublished does not match the outbox:\n%s\n%s", brokerUp, brokerDown)
+	if _, _, n := inOutbox("op-2"); n != 2 {
+		t.Fatalf("op-2 has %d Results in the outbox with the broker down, want 2 (unknown, applied)", n)
+	}
+	sweep()
+	if _, found, _ := inOutbox("op-2"); !found {
+		t.Fatal("retention deleted a record whose Result is still in the outbox")
+	}
+	e.mosq.Restart()
+	eventually(t, 20*time.Second, "op-2's Results published", func() bool {
+		_, _, n := inOutbox("op-2")
+		return n == 0
+	})
+	if n := sweep(); n != 1 {
+		t.Fatalf("sweep after publishing deleted %d records, want 1", n)
+	}
+	if _, found, _ := inOutbox("op-2"); found {
+		t.Fatal("published old record beyond keep_last 0 was kept")
 	}
 }
 

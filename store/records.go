@@ -67,7 +67,6 @@ type Op struct {
 	ReceivedAt  time.Time `json:"received_at"`
 	DecidedAt   time.Time `json:"decided_at,omitempty"`
 	FinalSeq    uint64    `json:"final_seq,omitempty"`
-	Unpublished int       `json:"unpublished,omitempty"` // outbox entries not yet confirmed published
 }
 
 // Outbox is a Result waiting to be confirmed published.

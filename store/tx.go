@@ -87,18 +87,8 @@ func (t *Tx) Op(dev, op string) (o Op, ok bool, err error) {
 
 // PutOp writes an op record. A final record gets its place in its device's
 // history (FinalSeq, bumping the device record's Finals) and in the expiry
-// index the first time it is written final. Unpublished is the store's
-// own count (OutboxAppend and OutboxDelete keep it): the stored value is
-// kept, whatever o says, so a caller's stale copy cannot make retention
-// delete a record whose Result is still in the outbox, or keep one for ever.
+// index the first time it is written final.
 func (t *Tx) PutOp(o Op) error {
-	if cur, ok, err := t.Op(o.Device, o.OpID); err != nil {
-		return err
-	} else if ok {
-		o.Unpublished = cur.Unpublished
-	} else {
-		o.Unpublished = 0
-	}
 	if o.Status == OpFinal && o.FinalSeq == 0 {
 		d, _, err := t.Device(o.Device)
 		if err != nil {
@@ -197,9 +187,8 @@ func (t *Tx) Inbox(fn func(e InboxEntry) error) error {
 	})
 }
 
-// OutboxAppend adds a Result to the outbox and counts it in its op
-// record's Unpublished (when the record exists), which retention then keeps
-// until it is published.
+// OutboxAppend adds a Result to the outbox. While it is there, retention
+// keeps its op record (Sweep looks the outbox up).
 func (t *Tx) OutboxAppend(e Outbox) (Outbox, error) {
 	b := t.tx.Bucket(bucketOutbox)
 	seq, err := b.NextSequence()
@@ -207,42 +196,22 @@ func (t *Tx) OutboxAppend(e Outbox) (Outbox, error) {
 		return e, err
 	}
 	e.Seq = seq
-	if err := putJSON(b, u64(seq), e); err != nil {
-		return e, err
-	}
-	if e.OpID == "" {
-		return e, nil
-	}
-	o, ok, err := t.Op(e.Device, e.OpID)
-	if err != nil || !ok {
-		return e, err
-	}
-	o.Unpublished++
-	return e, putJSON(t.tx.Bucket(bucketOps), opKey(o.Device, o.OpID), o)
+	return e, putJSON(b, u64(seq), e)
 }
 
 // OutboxDelete removes a published Result from the outbox.
 func (t *Tx) OutboxDelete(seq uint64) error {
-	b := t.tx.Bucket(bucketOutbox)
-	var e Outbox
-	ok, err := getJSON(b, u64(seq), &e)
-	if err != nil || !ok {
-		return err
-	}
-	if err := b.Delete(u64(seq)); err != nil {
-		return err
-	}
-	if e.OpID == "" {
+	return t.tx.Bucket(bucketOutbox).Delete(u64(seq))
+}
+
+// OutboxHolds reports whether a Result of (dev, op) is still in the outbox.
+func (t *Tx) OutboxHolds(dev, op string) (bool, error) {
+	found := false
+	err := t.Outbox(func(e Outbox) error {
+		found = found || (e.Device == dev && e.OpID == op)
 		return nil
-	}
-	o, ok, err := t.Op(e.Device, e.OpID)
-	if err != nil || !ok {
-		return err
-	}
-	if o.Unpublished > 0 {
-		o.Unpublished--
-	}
-	return putJSON(t.tx.Bucket(bucketOps), opKey(o.Device, o.OpID), o)
+	})
+	return found, err
 }
 
 // Outbox calls fn for every outbox entry, oldest first.
@@ -270,6 +239,18 @@ func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max 
 	var del [][]byte
 	deleted := 0
 	finals := map[string]uint64{}
+	// Records whose Result is still in the outbox are kept. The outbox is
+	// short (Results leave it as soon as the broker takes them), so one
+	// pass over it is cheaper than a counter on every record.
+	unpublished := map[string]bool{}
+	if err := t.Outbox(func(e Outbox) error {
+		if e.OpID != "" {
+			unpublished[e.Device+"/"+e.OpID] = true
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
 	scanned := 0
 	for k, _ := c.First(); k != nil && bytes.Compare(k[:8], cutoff) < 0 && deleted < max && scanned < 16*max; k, _ = c.Next() {
 		scanned++
@@ -296,7 +277,7 @@ func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max 
 			}
 			n, finals[dev] = d.Finals, d.Finals
 		}
-		if n-o.FinalSeq < keepLast || o.Unpublished > 0 {
+		if n-o.FinalSeq < keepLast || unpublished[dev+"/"+op] {
 			continue
 		}
 		if err := t.tx.Bucket(bucketOps).Delete(opKey(dev, op)); err != nil {
