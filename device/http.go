@@ -83,7 +83,8 @@ type HTTPOptions struct {
 // did.
 type HTTP struct {
 	log       *slog.Logger
-	transport *http.Transport
+	transport *http.Transport // one connection per try: devices that do not honour keys
+	pooled    *http.Transport // kept-alive connections: devices that do (idempotent)
 	waitMin   time.Duration
 	waitMax   time.Duration
 	maxBody   int64
@@ -115,6 +116,20 @@ func NewHTTP(opts HTTPOptions) (*HTTP, error) {
 			Proxy:                  nil, // devices are reached directly, never through an environment proxy
 			DialContext:            (&net.Dialer{KeepAlive: -1}).DialContext,
 			DisableKeepAlives:      true,
+			TLSHandshakeTimeout:    5 * time.Second,
+			MaxResponseHeaderBytes: 64 << 10,
+		},
+		// A device that honours Idempotency-Key (idempotent: true) may get
+		// a try again under the same key, so net/http's own resend on a
+		// failed reused connection is harmless, and reusing connections
+		// saves a dial per write. A try that got a connection (new or
+		// reused) still counts as possibly sent: the four outcomes stay
+		// exact.
+		pooled: &http.Transport{
+			Proxy:                  nil,
+			DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost:    64,
+			IdleConnTimeout:        30 * time.Second,
 			TLSHandshakeTimeout:    5 * time.Second,
 			MaxResponseHeaderBytes: 64 << 10,
 		},
@@ -162,11 +177,15 @@ func (h *HTTP) Add(dev string, cfg HTTPDevice) error {
 	if cfg.Retries < 0 || cfg.Retries > maxRetries {
 		return fmt.Errorf("%w: device %s: retries %d: must be 0..%d", ErrInvalidConfig, dev, cfg.Retries, maxRetries)
 	}
+	tr := h.transport
+	if cfg.Idempotent {
+		tr = h.pooled
+	}
 	d := &httpDevice{
 		cfg:  cfg,
 		base: strings.TrimRight(cfg.URL, "/"),
 		client: &http.Client{
-			Transport: h.transport,
+			Transport: tr,
 			Timeout:   cfg.Timeout,
 			// A redirect is an answer of its own (neither 2xx nor 4xx),
 			// never a reason to send the write somewhere else.
