@@ -72,6 +72,17 @@ func (p *publisher) stop() {
 
 func (p *publisher) push(it pubItem) {
 	p.mu.Lock()
+	if it.retained && it.seq == 0 && it.done == nil && len(it.payload) > 0 {
+		// A retained state supersedes one for the same topic that is
+		// still waiting to be sent: only the latest matters.
+		for i := len(p.q) - 1; i >= 0 && i >= len(p.q)-64; i-- {
+			if q := &p.q[i]; q.retained && q.seq == 0 && q.done == nil && q.topic == it.topic && len(q.payload) > 0 {
+				q.payload = it.payload
+				p.mu.Unlock()
+				return
+			}
+		}
+	}
 	p.q = append(p.q, it)
 	p.mu.Unlock()
 	select {
