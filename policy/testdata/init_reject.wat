@@ -1,0 +1,7 @@
+;; init_reject: policy_init rejects any configuration.
+(module
+  (memory (export "memory") 1)
+  (func (export "policy_abi_version") (result i32) (i32.const 1))
+  (func (export "policy_buffer") (param i32) (result i32) (i32.const 1024))
+  (func (export "policy_init") (param i32) (result i32) (i32.const 7))
+  (func (export "policy_eval") (param i32) (result i64) (i64.const 0)))

@@ -1,0 +1,5 @@
+;; no_eval: policy_eval is missing.
+(module
+  (memory (export "memory") 1)
+  (func (export "policy_abi_version") (result i32) (i32.const 1))
+  (func (export "policy_buffer") (param i32) (result i32) (i32.const 1024)))

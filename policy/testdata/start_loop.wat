@@ -1,0 +1,8 @@
+;; start_loop: the module's start function never returns.
+(module
+  (memory (export "memory") 1)
+  (func $start (loop $forever (br $forever)))
+  (start $start)
+  (func (export "policy_abi_version") (result i32) (i32.const 1))
+  (func (export "policy_buffer") (param i32) (result i32) (i32.const 1024))
+  (func (export "policy_eval") (param i32) (result i64) (i64.const 0)))
