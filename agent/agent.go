@@ -132,7 +132,7 @@ func New(o Options) (*Agent, error) {
 	}
 	a := &Agent{o: o, cfg: o.Config, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
 		devs: map[string]*devRT{}, workers: map[string]*worker{},
-		incoming: make(chan Delivery, 1024), acks: make(chan *arrival, 8192),
+		incoming: make(chan Delivery, 8192), acks: make(chan *arrival, 8192),
 		stopping: make(chan struct{}), failed: make(chan struct{})}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	for _, d := range o.Config.Devices {
