@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -162,12 +164,31 @@ func Parse(b []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, withSource(b, strings.TrimPrefix(err.Error(), "yaml: ")))
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
+}
+
+var lineRe = regexp.MustCompile(`line (\d+): `)
+
+// withSource adds the offending source line to each "line N: ..." of a
+// decode error, so the message names the key as written.
+func withSource(src []byte, msg string) string {
+	lines := strings.Split(string(src), "\n")
+	return lineRe.ReplaceAllStringFunc(msg, func(m string) string {
+		n, err := strconv.Atoi(lineRe.FindStringSubmatch(m)[1])
+		if err != nil || n < 1 || n > len(lines) {
+			return m
+		}
+		l := strings.TrimSpace(lines[n-1])
+		if len(l) > 80 {
+			l = l[:80] + "..."
+		}
+		return fmt.Sprintf("line %d (%s): ", n, l)
+	})
 }
 
 func bad(key, format string, a ...any) error {

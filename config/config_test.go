@@ -1,0 +1,76 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/configs"
+)
+
+func TestShippedDefaultsParse(t *testing.T) {
+	c, err := Parse(configs.AgentYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MQTT.Broker != "embedded" || c.DataDir != "./data" || *c.Admin.Listen != DefaultAdminListen {
+		t.Fatalf("defaults: %+v", c)
+	}
+	d := c.Device("pump-7")
+	if d == nil || *d.Queue != 256 || d.Driver.Timeout.D() != 2*time.Second || !d.Driver.Queryable || d.WorkerID() != "d:pump-7" {
+		t.Fatalf("pump-7: %+v", d)
+	}
+	if c.Dedup.Retention.D() != 168*time.Hour || *c.Dedup.KeepLast != 10000 || c.ShutdownTimeout.D() != 10*time.Second {
+		t.Fatalf("dedup/shutdown: %+v", c)
+	}
+}
+
+func TestDefaultsAndGroups(t *testing.T) {
+	c, err := Parse([]byte(`gateway_id: g
+mqtt: {broker: "tcp://127.0.0.1:1883"}
+devices:
+  - {id: a, type: pump, group: s, driver: {url: "http://x"}}
+  - {id: b, type: valve, group: s, queue: 3, driver: {url: "http://x"}, policy: {plugin: interlock, config: {pump: a, valve: b, n: [1, 2]}}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MQTT.ClientID != "edge-agent-g" || c.MQTT.TopicPrefix != "edge" || c.Plugins.Dir != "./plugins/build" {
+		t.Fatalf("mqtt defaults: %+v", c.MQTT)
+	}
+	a, b := c.Device("a"), c.Device("b")
+	if a.WorkerID() != "g:s" || b.WorkerID() != "g:s" || *a.Queue != DefaultQueue || *b.Queue != 3 || *a.Driver.Retries != 0 {
+		t.Fatalf("devices: %+v %+v", a, b)
+	}
+	if got := string(b.Policy.ConfigJSON); got != `{"n":[1,2],"pump":"a","valve":"b"}` {
+		t.Fatalf("policy config as JSON: %s", got)
+	}
+}
+
+func TestErrorsNameTheKey(t *testing.T) {
+	base := "gateway_id: g\nmqtt: {broker: embedded}\n"
+	dev := "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}}\n"
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"unknown key", base + "extra: 1\n" + dev, "field extra not found"},
+		{"bad duration", base + "shutdown_timeout: 10\n" + dev, "shutdown_timeout"},
+		{"negative retention", base + "dedup: {retention: -1h}\n" + dev, "dedup.retention"},
+		{"bad prefix", "gateway_id: g\nmqtt: {broker: embedded, topic_prefix: \"a/#\"}\n" + dev, "mqtt.topic_prefix"},
+		{"embedded_listen with tcp", "gateway_id: g\nmqtt: {broker: \"tcp://h:1\", embedded_listen: \"x\"}\n" + dev, "mqtt.embedded_listen"},
+		{"password and file", "gateway_id: g\nmqtt: {broker: embedded, password: a, password_file: b}\n" + dev, "mqtt.password_file"},
+		{"cert without key", "gateway_id: g\nmqtt: {broker: embedded, tls: {cert_file: a}}\n" + dev, "mqtt.tls"},
+		{"bad device id", base + "devices:\n  - {id: \"a/b\", type: pump, driver: {url: \"http://x\"}}\n", "devices[0] (a/b).id"},
+		{"bad url scheme", base + "devices:\n  - {id: p, type: pump, driver: {url: \"ftp://x\"}}\n", "devices[0] (p).driver.url"},
+		{"retries too many", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\", retries: 11}}\n", "devices[0] (p).driver.retries"},
+		{"plugin with .wasm", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: a.wasm}}\n", "devices[0] (p).policy.plugin"},
+		{"negative limits", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: a, limits: {max_input: -1}}}\n", "devices[0] (p).policy.limits"},
+		{"unknown driver kind", base + "devices:\n  - {id: p, type: pump, driver: {kind: modbus, url: \"http://x\"}}\n", "devices[0] (p).driver.kind"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrInvalid naming %q", err, tc.want)
+			}
+		})
+	}
+}
