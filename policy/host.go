@@ -97,6 +97,8 @@ type Host struct {
 	wg    sync.WaitGroup
 }
 
+var _ Evaluator = (*Host)(nil)
+
 // table maps devices to pools; it is replaced whole, atomically.
 type table struct {
 	pools  map[string]*pool

@@ -213,40 +213,58 @@ type Object struct {
 	raw []byte
 }
 
-// each calls f for every member until f returns false. The object's text
-// is trusted to be valid JSON: the host validates every input, and
-// ParseObject validates what it wraps.
-func (o Object) each(f func(key []byte, esc bool, v Value) bool) {
-	b := o.raw
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return
+// members iterates over an object's members without a closure (a call
+// through a func value costs more than the scan itself in a Go guest). The
+// object's text is trusted to be valid JSON: the host validates every
+// input, and ParseObject validates what it wraps.
+type members struct {
+	b []byte
+	i int
+}
+
+func (o Object) members() members {
+	i := skipWS(o.raw, 0)
+	if i >= len(o.raw) || o.raw[i] != '{' {
+		return members{}
 	}
-	i++
-	for {
-		i = skipWS(b, i)
-		if i >= len(b) || b[i] != '"' {
-			return
-		}
-		ks := i + 1
-		var esc bool
-		i, esc = skipString(b, i)
-		key := b[ks : i-1]
-		i = skipWS(b, i)
-		if i >= len(b) || b[i] != ':' {
-			return
-		}
+	return members{b: o.raw, i: i + 1}
+}
+
+// next returns the next member's key text (between the quotes), whether
+// the key holds escapes, and its value.
+func (m *members) next() (key []byte, esc bool, v Value, ok bool) {
+	b := m.b
+	i := skipWS(b, m.i)
+	if i < len(b) && b[i] == ',' {
 		i = skipWS(b, i+1)
-		vs := i
-		i = skipValue(b, i)
-		if !f(key, esc, Value{raw: b[vs:i]}) {
+	}
+	if i >= len(b) || b[i] != '"' {
+		m.b = nil
+		return nil, false, Value{}, false
+	}
+	ks := i + 1
+	i, esc = skipString(b, i)
+	key = b[ks : i-1]
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != ':' {
+		m.b = nil
+		return nil, false, Value{}, false
+	}
+	i = skipWS(b, i+1)
+	vs := i
+	i = skipValue(b, i)
+	m.i = i
+	return key, esc, Value{raw: b[vs:i]}, true
+}
+
+// each calls f for every member until f returns false.
+func (o Object) each(f func(key []byte, esc bool, v Value) bool) {
+	m := o.members()
+	for {
+		k, esc, v, ok := m.next()
+		if !ok || !f(k, esc, v) {
 			return
 		}
-		i = skipWS(b, i)
-		if i >= len(b) || b[i] != ',' {
-			return
-		}
-		i++
 	}
 }
 
@@ -268,16 +286,16 @@ func (o Object) Len() int {
 
 // Get returns the member named key (the first, if the text repeats it).
 func (o Object) Get(key string) (Value, bool) {
-	var found Value
-	ok := false
-	o.each(func(k []byte, esc bool, v Value) bool {
-		if keyIs(k, esc, key) {
-			found, ok = v, true
-			return false
+	m := o.members()
+	for {
+		k, esc, v, ok := m.next()
+		if !ok {
+			return Value{}, false
 		}
-		return true
-	})
-	return found, ok
+		if keyIs(k, esc, key) {
+			return v, true
+		}
+	}
 }
 
 // Has reports whether the object has the member key.

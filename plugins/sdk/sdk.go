@@ -153,20 +153,34 @@ func ParseInput(b []byte) (Input, error) {
 	if i >= len(b) || b[i] != '{' {
 		return in, errInput
 	}
-	Object{raw: b}.each(func(k []byte, _ bool, v Value) bool {
+	top := Object{raw: b}.members()
+	for {
+		k, _, v, ok := top.next()
+		if !ok {
+			break
+		}
 		switch string(k) {
 		case "device":
-			Object{raw: v.raw}.each(func(k []byte, _ bool, v Value) bool {
+			m := Object{raw: v.raw}.members()
+			for {
+				k, _, v, ok := m.next()
+				if !ok {
+					break
+				}
 				switch string(k) {
 				case "id":
 					in.Device.ID = v.str()
 				case "type":
 					in.Device.Type = v.str()
 				}
-				return true
-			})
+			}
 		case "command":
-			Object{raw: v.raw}.each(func(k []byte, _ bool, v Value) bool {
+			m := Object{raw: v.raw}.members()
+			for {
+				k, _, v, ok := m.next()
+				if !ok {
+					break
+				}
 				switch string(k) {
 				case "op_id":
 					in.Command.OpID = v.str()
@@ -179,8 +193,7 @@ func ParseInput(b []byte) (Input, error) {
 				case "holder":
 					in.Command.Holder = v.str()
 				}
-				return true
-			})
+			}
 		case "state":
 			in.State, _ = v.Object()
 		case "group":
@@ -190,8 +203,7 @@ func ParseInput(b []byte) (Input, error) {
 		case "now":
 			in.now = v.raw
 		}
-		return true
-	})
+	}
 	return in, nil
 }
 
