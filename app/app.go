@@ -296,7 +296,11 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 	}
 	if err := h.Start(ctx); err != nil {
 		h.Close(context.Background())
-		return nil, fmt.Errorf("%w: policy: %v", ErrConfig, err)
+		var le *policy.LoadError
+		if errors.As(err, &le) { // a plugin or its config is wrong: exit 2
+			return nil, fmt.Errorf("%w: policy: %v", ErrConfig, err)
+		}
+		return nil, fmt.Errorf("policy: %w", err)
 	}
 	return h, nil
 }

@@ -2,16 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/edge-agent/edge-agent/policy"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 func policyCmd() *cobra.Command {
@@ -49,7 +46,7 @@ func policyCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
-			dec, took, err := testOnce(ctx, plugin, cb, sb, kb)
+			dec, took, err := policy.TestOnce(ctx, plugin, cb, sb, kb)
 			out := cmd.OutOrStdout()
 			if err != nil {
 				fmt.Fprintf(out, "error: %v\ntime: %s\n", err, took)
@@ -76,42 +73,4 @@ func policyCmd() *cobra.Command {
 	t.Flags().StringVar(&cfgFile, "config", "", "the plugin config JSON file (default {})")
 	c.AddCommand(t)
 	return c
-}
-
-// testOnce loads one plugin with its config (as policy_init sees it) and
-// evaluates one command against a state, as the agent's worker would.
-func testOnce(ctx context.Context, wasm string, command, state, cfg []byte) (policy.Decision, time.Duration, error) {
-	c, err := wire.ParseCommand(command)
-	if err != nil {
-		return policy.Decision{}, 0, fmt.Errorf("--command: %w", err)
-	}
-	if len(state) == 0 {
-		state = []byte("{}")
-	}
-	if !json.Valid(state) {
-		return policy.Decision{}, 0, fmt.Errorf("--state: not valid JSON")
-	}
-	if len(cfg) > 0 && !json.Valid(cfg) {
-		return policy.Decision{}, 0, fmt.Errorf("--config: not valid JSON")
-	}
-	h := policy.NewHost(policy.HostOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	defer h.Close(context.Background())
-	if err := h.Bind("test", policy.Binding{Path: wasm, Config: cfg}); err != nil {
-		return policy.Decision{}, 0, err
-	}
-	if err := h.Start(ctx); err != nil {
-		return policy.Decision{}, 0, err
-	}
-	params := c.Params
-	if len(params) == 0 {
-		params = json.RawMessage("{}")
-	}
-	in := policy.Input{
-		Device:  policy.DeviceRef{ID: "test", Type: "generic"},
-		Command: policy.CommandView{OpID: c.OpID, Fence: c.Fence, Action: c.Action, Params: params, Holder: c.Holder},
-		State:   state, LastFence: c.Fence, Now: time.Now().UTC(),
-	}
-	start := time.Now()
-	dec, err := h.Evaluate(ctx, "test", in)
-	return dec, time.Since(start), err
 }
