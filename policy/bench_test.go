@@ -12,7 +12,7 @@ import (
 )
 
 // The figures and the command that produced them are in
-// docs/benchmarks-policy.md.
+// BENCHMARKS.md ("Policy plugins").
 
 // benchInput is a ~200-byte command, as the agent passes it.
 func benchInput(dev string) Input {

@@ -11,7 +11,7 @@ import (
 
 // The host encodes the input and decodes the output by hand: on the hot
 // path of a small plugin the JSON codec is most of the host's own cost
-// (docs/benchmarks-policy.md), and both documents have a fixed shape.
+// (BENCHMARKS.md ("Policy plugins")), and both documents have a fixed shape.
 
 var emptyObject = json.RawMessage("{}")
 

@@ -154,7 +154,7 @@ func (inst *instance) initialize(cctx context.Context, p *plugin, config []byte)
 // context to pass to the calls.
 //
 // Cost per evaluation: a timer Reset and Stop, plus a context.AfterFunc
-// when ctx can be canceled; no goroutine (docs/benchmarks-policy.md).
+// when ctx can be canceled; no goroutine (BENCHMARKS.md ("Policy plugins")).
 func (inst *instance) arm(ctx context.Context, d time.Duration) context.Context {
 	if benchNoDeadline {
 		return ctx

@@ -9,7 +9,7 @@ import (
 
 // This file rewrites a plugin's binary before it is compiled, so that the
 // host can stop a runaway call cheaply. See docs/plugins.md ("How a runaway
-// plugin is stopped") and docs/benchmarks-policy.md for the measurements.
+// plugin is stopped") and BENCHMARKS.md ("Policy plugins") for the measurements.
 //
 // Why: wazero's RuntimeConfig.WithCloseOnContextDone compiles a call to a Go
 // trampoline (ExitCodeCheckModuleExitCode: a full exit from native code to

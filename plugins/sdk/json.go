@@ -27,7 +27,7 @@ func view(b []byte) string {
 // slow in a wasm guest and encoding/json adds about a megabyte to every
 // plugin. More important, it does not allocate on the hot path: an
 // allocation costs about half a microsecond in a Go wasm guest (measured:
-// docs/benchmarks-policy.md), more than the whole rule of a typical policy.
+// BENCHMARKS.md ("Policy plugins")), more than the whole rule of a typical policy.
 //
 // Objects and Values are views into the input buffer, scanned when asked
 // for: they are valid only during the call that received them. During Decide, the strings of the Input and
