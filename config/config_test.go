@@ -26,6 +26,28 @@ func TestShippedDefaultsParse(t *testing.T) {
 	}
 }
 
+func TestShippedPolicyExampleParses(t *testing.T) {
+	c, err := Parse(configs.AgentPoliciesYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := map[string]string{}
+	for _, d := range c.Devices {
+		if d.Policy != nil {
+			bound[d.ID] = d.Policy.Plugin
+		}
+	}
+	for dev, plugin := range map[string]string{"pump-7": "range-limit", "valve-1": "range-limit", "relay-1": "allowlist",
+		"pump-1": "ramp-limit", "valve-2": "interlock", "mixer-1": "time-window"} {
+		if bound[dev] != plugin {
+			t.Errorf("%s binds %q, want %q", dev, bound[dev], plugin)
+		}
+	}
+	if c.Device("pump-1").WorkerID() != c.Device("valve-2").WorkerID() {
+		t.Error("the interlock's pump and valve must share a worker (one group)")
+	}
+}
+
 func TestDefaultsAndGroups(t *testing.T) {
 	c, err := Parse([]byte(`gateway_id: g
 mqtt: {broker: "tcp://127.0.0.1:1883"}

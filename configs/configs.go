@@ -8,3 +8,9 @@ import _ "embed"
 //
 //go:embed agent.yaml
 var AgentYAML []byte
+
+// AgentPoliciesYAML is configs/agent-policies.yaml: the demo devices with
+// the example policy plugins bound.
+//
+//go:embed agent-policies.yaml
+var AgentPoliciesYAML []byte
