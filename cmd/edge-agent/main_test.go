@@ -121,3 +121,54 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, out)
 	}
 }
+
+// policy test evaluates one plugin (built from source here) on one command.
+func TestPolicyTestCommand(t *testing.T) {
+	dir := t.TempDir()
+	wasm := filepath.Join(dir, "range-limit.wasm")
+	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasm, "../../plugins/range-limit")
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the plugin: %v\n%s", err, out)
+	}
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(body), 0o600)
+		return p
+	}
+	cfg := write("config.json", `{"param":"rpm","min":0,"max":3000,"clamp":false}`)
+	clamp := write("clamp.json", `{"param":"rpm","min":0,"max":3000,"clamp":true}`)
+	high := write("high.json", `{"op_id":"o1","fence":1,"action":"set","params":{"rpm":4000}}`)
+	ok := write("ok.json", `{"op_id":"o2","fence":1,"action":"set","params":{"rpm":100}}`)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"deny", []string{"--command", high, "--config", cfg}, 0, []string{"decision: deny", "reason: rpm 4000 above max 3000", "time: "}},
+		{"allow", []string{"--command", ok, "--config", cfg, "--state", write("state.json", `{"rpm":50}`)}, 0, []string{"decision: allow"}},
+		{"rewrite", []string{"--command", high, "--config", clamp}, 0, []string{"decision: allow", `params rewritten: {"rpm":3000}`}},
+		{"not wasm", []string{"--command", ok, "--config", cfg, "--plugin-override", write("bad.wasm", "garbage")}, 1, []string{"bad.wasm"}},
+		{"missing command", nil, 2, []string{"--command"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"policy", "test", "--plugin", wasm}, tc.args...)
+			for i, a := range args {
+				if a == "--plugin-override" { // replace the plugin
+					args = append(append([]string{"policy", "test", "--plugin", args[i+1]}, args[4:i]...), args[i+2:]...)
+					break
+				}
+			}
+			code, out := runBin(t, args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s", code, tc.code, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Fatalf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
