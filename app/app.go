@@ -49,6 +49,7 @@ type App struct {
 	st   *store.Store
 	brk  *mqtt.Embedded
 	host *policy.Host
+	http *device.HTTP
 	ag   *agent.Agent
 	mc   *mqtt.Client
 	adm  *http.Server
@@ -91,10 +92,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	drv, err := buildDrivers(cfg, a.log)
+	drv, hd, err := buildDrivers(cfg, a.log)
 	if err != nil {
 		return err
 	}
+	a.http = hd
 	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg); err != nil {
 		return err
 	}
@@ -229,6 +231,9 @@ func (a *App) closeAll() {
 	if a.host != nil {
 		a.host.Close(context.Background())
 	}
+	if a.http != nil {
+		a.http.Close()
+	}
 	if a.st != nil {
 		a.st.Close()
 	}
@@ -252,21 +257,21 @@ func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []b
 	return p, nil
 }
 
-func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, error) {
+func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, *device.HTTP, error) {
 	h, err := device.NewHTTP(device.HTTPOptions{Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	out := map[string]device.Driver{}
 	for i, d := range cfg.Devices {
 		err := h.Add(d.ID, device.HTTPDevice{URL: d.Driver.URL, Timeout: d.Driver.Timeout.D(),
 			Retries: *d.Driver.Retries, Idempotent: d.Driver.Idempotent, Queryable: d.Driver.Queryable})
 		if err != nil {
-			return nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
+			return nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
 		}
 		out[d.ID] = h
 	}
-	return out, nil
+	return out, h, nil
 }
 
 // buildPolicy loads every plugin a device binds; nil when none does. A load

@@ -201,6 +201,14 @@ func (h *HTTP) Add(dev string, cfg HTTPDevice) error {
 	return nil
 }
 
+// Close closes the driver's idle kept-alive connections. Writes in
+// progress are not affected; the driver stays usable.
+func (h *HTTP) Close() error {
+	h.transport.CloseIdleConnections()
+	h.pooled.CloseIdleConnections()
+	return nil
+}
+
 func (h *HTTP) device(dev string) *httpDevice {
 	h.mu.RLock()
 	defer h.mu.RUnlock()

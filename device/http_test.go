@@ -27,6 +27,7 @@ func newDriver(t testing.TB, opts device.HTTPOptions) *device.HTTP {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.Close() })
 	return d
 }
 
