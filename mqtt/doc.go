@@ -42,7 +42,8 @@
 // Embedded) and a store hook that works around mochi defects which lose
 // or reorder a persistent session's messages (see sessionHook: packet IDs
 // not stored, resend order random within a second, one packet-ID space
-// for both directions).
+// for both directions, a publish acknowledged before it is routed so that
+// a later one from another connection can overtake it).
 //
 // # Tests
 //

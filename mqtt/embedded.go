@@ -81,7 +81,9 @@ const StoreSyncInterval = time.Second
 // a broker restart or crash once it has been routed, not from the PUBACK
 // on, and across a power loss once it has been synced: a controller
 // resends until it sees a Result (PROTOCOL.md), as it must with
-// mosquitto's periodic snapshots too. A store that a power loss left
+// mosquitto's periodic snapshots too. Order: a publish sent after the
+// PUBACK of another, from any connection, is routed after it (see
+// sessionHook, fix 4). A store that a power loss left
 // inconsistent is moved aside at Start (broker.db.corrupt-<unix time>)
 // and the broker starts empty, logging an error: the agent's own store is
 // the record that matters, the broker's only holds queued messages.

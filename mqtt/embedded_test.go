@@ -218,3 +218,25 @@ func TestEmbeddedMovesDamagedStoreAside(t *testing.T) {
 	}
 	mqtttest.Publish(t, e.URL(), "x", []byte("y"), true)
 }
+
+// Commands published one after the other on separate connections (each
+// publish waiting for its PUBACK) reach a connected subscriber in publish
+// order: mochi acknowledges before it routes, so without the store hook's
+// routing lock a later publish could overtake an earlier one.
+func TestEmbeddedOrderAcrossPublisherConnections(t *testing.T) {
+	b := mqtttest.StartEmbedded(t)
+	topic := uniqueID(t, "xconn") + "/cmd"
+	in := newInbox()
+	startClient(t, mqtt.Options{Broker: b.URL(), ClientID: uniqueID(t, "xconn-sub"), Subscriptions: []string{topic}, Handler: in.handler})
+	const n = 30
+	for i := range n {
+		mqtttest.Publish(t, b.URL(), topic, []byte(strconv.Itoa(i)), false)
+	}
+	for i := range n {
+		if m := in.next(t, 5*time.Second); string(m.Payload) != strconv.Itoa(i) {
+			t.Fatalf("message %d: %q", i, m.Payload)
+		} else {
+			m.Ack()
+		}
+	}
+}

@@ -15,7 +15,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
-// sessionHook is mochi-mqtt v2.7.9's bbolt storage hook with three
+// sessionHook is mochi-mqtt v2.7.9's bbolt storage hook with four
 // defects of mochi fixed around it, each of which loses or reorders QoS 1
 // messages of a persistent session (the agent's command subscription):
 //
@@ -52,12 +52,28 @@ import (
 //     meanwhile, the message moved aside gets a new ID (a duplicate
 //     delivery at worst, never a loss).
 //
+//  4. mochi sends the PUBACK of a QoS 1 publish before it routes the
+//     message to the subscribers (and stores their copies), and each
+//     connection routes on its own goroutine. A publish that a client
+//     sends after the PUBACK of an earlier one, on another connection (a
+//     controller that reconnects, one connection per command, two
+//     controllers), can therefore be routed first: the subscriber gets
+//     (and after a restart is resent) the later command first. The hook
+//     makes routing one at a time, in the order the publishes reach
+//     OnPublish: a connection takes the route lock in OnPublish, before
+//     its PUBACK is sent, and gives it back in OnPacketProcessed, once
+//     the message is routed; so a publish sent after a PUBACK is routed
+//     after the acknowledged message. Storing the copies already takes
+//     bbolt's single writer lock, so little concurrency is lost.
+//
 // It also keeps the store when a persistent session is taken over by a
 // new connection (mochi "drops" the old connection's in-flight messages
 // that the new one has just inherited).
 type sessionHook struct {
 	*bolt.Hook
 	srv *mochi.Server // set before Serve
+
+	route sync.Mutex // held by the connection routing a publish (fix 4)
 
 	mu      sync.Mutex
 	nextSeq int64
@@ -66,6 +82,7 @@ type sessionHook struct {
 	// Per connection (a taken-over session has two with one client ID):
 	inbound map[*mochi.Client]uint16  // ID of its QoS 1 publish being processed
 	stash   map[*mochi.Client]stashed // its outbound message moved aside for it
+	routing map[*mochi.Client]bool    // it holds route (fix 4)
 }
 
 // stashed is an outbound message moved out of its client's in-flight map
@@ -88,6 +105,7 @@ func newSessionHook() *sessionHook {
 		rank:    map[string]int64{},
 		inbound: map[*mochi.Client]uint16{},
 		stash:   map[*mochi.Client]stashed{},
+		routing: map[*mochi.Client]bool{},
 	}
 }
 
@@ -101,6 +119,7 @@ func (h *sessionHook) Provides(b byte) bool {
 	return h.Hook.Provides(b) || bytes.Contains([]byte{
 		mochi.OnSessionEstablish,
 		mochi.OnPacketRead,
+		mochi.OnPublish,
 		mochi.OnPacketProcessed,
 	}, []byte{b})
 }
@@ -256,14 +275,36 @@ func (h *sessionHook) OnUnsubscribed(cl *mochi.Client, pk packets.Packet) {
 	h.Hook.OnUnsubscribed(cl, pk)
 }
 
+// OnPublish runs before mochi acknowledges a client's publish and routes
+// it: the connection waits for its turn to route (fix 4). mochi calls
+// OnPacketProcessed after every packet it passed to OnPublish, however
+// the processing ended, and from the same goroutine. The inline client
+// (not enabled by Embedded) sends no acknowledgements and may publish
+// from several goroutines at once: it is left out.
+func (h *sessionHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+	if cl.Net.Inline {
+		return pk, nil
+	}
+	h.route.Lock()
+	h.mu.Lock()
+	h.routing[cl] = true
+	h.mu.Unlock()
+	return pk, nil
+}
+
 // OnPacketProcessed puts the message moved aside back if nothing did
-// earlier (fix 3).
+// earlier (fix 3), and ends the routing of a publish (fix 4).
 func (h *sessionHook) OnPacketProcessed(cl *mochi.Client, pk packets.Packet, _ error) {
 	switch pk.FixedHeader.Type {
 	case packets.Publish, packets.Subscribe, packets.Unsubscribe:
 		h.mu.Lock()
 		h.restoreLocked(cl)
+		routed := h.routing[cl]
+		delete(h.routing, cl)
 		h.mu.Unlock()
+		if routed {
+			h.route.Unlock()
+		}
 	}
 }
 
