@@ -17,10 +17,20 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	closed  bool
+	refused bool // Refuse(true): new connections are closed at once
+	wg      sync.WaitGroup
+}
+
+// Refuse makes the proxy close new connections at once (true) or forward
+// them again (false): with Cut, a test can keep a client away until the
+// broker has reacted to the cut, rather than race its reconnect.
+func (p *Proxy) Refuse(on bool) {
+	p.mu.Lock()
+	p.refused = on
+	p.mu.Unlock()
 }
 
 // NewProxy starts a proxy to target (host:port or tcp://host:port); it is
@@ -47,6 +57,13 @@ func (p *Proxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		refused := p.refused
+		p.mu.Unlock()
+		if refused {
+			_ = c.Close()
+			continue
 		}
 		b, err := net.Dial("tcp", p.target)
 		if err != nil {
