@@ -62,11 +62,11 @@ type Op struct {
 	Keys       int             `json:"keys,omitempty"`        // how many keys were issued
 	WasUnknown bool            `json:"was_unknown,omitempty"` // once unknown, never device_unreachable
 
-	Worker      string    `json:"worker"`
-	InboxSeq    uint64    `json:"inbox_seq"`
-	ReceivedAt  time.Time `json:"received_at"`
-	DecidedAt   time.Time `json:"decided_at,omitempty"`
-	FinalSeq    uint64    `json:"final_seq,omitempty"`
+	Worker     string    `json:"worker"`
+	InboxSeq   uint64    `json:"inbox_seq"`
+	ReceivedAt time.Time `json:"received_at"`
+	DecidedAt  time.Time `json:"decided_at,omitempty"`
+	FinalSeq   uint64    `json:"final_seq,omitempty"`
 }
 
 // Outbox is a Result waiting to be confirmed published.
