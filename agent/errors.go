@@ -13,6 +13,4 @@ var (
 	// ErrNotUnknown is returned by Resolve for an operation whose outcome is
 	// not unknown.
 	ErrNotUnknown = errors.New("agent: operation is not unknown")
-	// ErrStopped is returned after the agent stopped.
-	ErrStopped = errors.New("agent: stopped")
 )

@@ -11,6 +11,4 @@ var (
 	ErrClosed = errors.New("store: closed")
 	// ErrLocked is returned by Open when another process holds the store.
 	ErrLocked = errors.New("store: held by another process (is an agent running? use the admin API)")
-	// ErrNotFound is returned by lookups of records that do not exist.
-	ErrNotFound = errors.New("store: not found")
 )

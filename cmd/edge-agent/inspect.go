@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,21 +14,6 @@ import (
 
 	"github.com/edge-agent/edge-agent/store"
 )
-
-func isUsage(err error) bool {
-	s := err.Error()
-	return strings.Contains(s, "unknown flag") || strings.Contains(s, "unknown command") ||
-		strings.Contains(s, "flag needs an argument") || strings.Contains(s, "required flag") ||
-		strings.Contains(s, "accepts ") || strings.Contains(s, "invalid argument")
-}
-
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
 
 type inspectDevice struct {
 	Device    string          `json:"device"`
@@ -48,7 +32,7 @@ func inspectCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "inspect",
 		Short: "Read the store offline: devices, last_fence, recent operations",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dataDir == "" {
 				return &exitError{2, errors.New("--data-dir is required")}

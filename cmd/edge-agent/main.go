@@ -31,10 +31,14 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	// Usage errors (an unknown flag or command, stray arguments) exit 2.
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
+	root.Args = usageArgs(cobra.NoArgs) // an unknown command
+	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		Run:   func(*cobra.Command, []string) { fmt.Println("edge-agent", Version) },
 	})
 	err := root.Execute()
@@ -46,9 +50,15 @@ func main() {
 	if errors.As(err, &ee) {
 		os.Exit(ee.code)
 	}
-	// cobra's own usage errors (unknown flag, missing argument) are usage errors: 2.
-	if isUsage(err) {
-		os.Exit(2)
-	}
 	os.Exit(1)
+}
+
+// usageArgs makes an argument check's failure a usage error (exit 2).
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if err := check(c, args); err != nil {
+			return &exitError{2, err}
+		}
+		return nil
+	}
 }

@@ -17,7 +17,7 @@ func policyCmd() *cobra.Command {
 	t := &cobra.Command{
 		Use:   "test",
 		Short: "Evaluate one plugin on one command and print the decision (exit 0 decided, 1 failed)",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if plugin == "" || command == "" {
 				return &exitError{2, fmt.Errorf("--plugin and --command are required")}

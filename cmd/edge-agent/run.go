@@ -24,7 +24,7 @@ func runCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "run",
 		Short: "Serve until SIGINT/SIGTERM, then drain and close cleanly",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var lvl slog.Level
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {

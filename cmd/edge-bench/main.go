@@ -211,9 +211,6 @@ func measure(broker string, n int, dur time.Duration, t *agentTarget) (stats, er
 		defer t.stop()
 	}
 	run := time.Now().UnixNano()
-	type waiter struct {
-		ch chan time.Time
-	}
 	var mu sync.Mutex
 	waiting := map[string]chan struct{}{}
 	reply := fmt.Sprintf("bench/reply/%d", run)

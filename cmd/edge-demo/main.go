@@ -194,7 +194,7 @@ func (k *controller) send(dev, op string, fence int64, action, params string) wi
 }
 
 func (k *controller) sendRaw(dev, payload, op string) wire.Result {
-	if strings.Contains(payload, `"reply_to"`) == false {
+	if !strings.Contains(payload, `"reply_to"`) {
 		// Malformed commands cannot name a reply topic that is read;
 		// their Result goes to the device's result topic.
 		ch := make(chan wire.Result, 1)
