@@ -136,8 +136,7 @@ func TestGracefulStopDrains(t *testing.T) {
 	if err := e.sim.SetFaults(sim.Faults{Device: "pump-7", LatencyMS: 400}); err != nil {
 		t.Fatal(err)
 	}
-	e.startProc()
-	eventually(t, 10*time.Second, "status online", func() bool { return true })
+	e.startProc() // waits for the agent's "online" status
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
 	e.proc.Process.Signal(syscall.SIGTERM)

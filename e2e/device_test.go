@@ -117,6 +117,9 @@ func TestUnreachableAnd5xx(t *testing.T) {
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	r := e.final("op-1")
 	want(t, r, wire.StatusFailed, wire.CodeDeviceUnreachable)
+	if !strings.Contains(r.Reason, "could not be reached") {
+		t.Fatalf("reason %q does not say the device could not be reached", r.Reason)
+	}
 	if code, _ := e.admin("/v1/devices/pump-7/ops/op-1"); code != http.StatusNotFound {
 		t.Fatalf("device_unreachable was recorded (admin %d)", code)
 	}
@@ -190,12 +193,14 @@ func TestNonQueryableHeldUntilOperatorResolves(t *testing.T) {
 	d.idempotent = false
 	d.timeout = "300ms"
 	e := newEnv(t, d)
-	e.extra = "" // admin token set below
 	e.start()
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", DropResponseRate: 1})
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	e.send("pump-7", cmd("op-2", 3, "set", `{"rpm":400}`))
 	want(t, e.result("op-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
+	if e.sim.Injected().Dropped == 0 {
+		t.Fatal("the response was not dropped: the fault did not happen")
+	}
 	setFaults(t, e.sim, sim.Faults{})
 	// Held: op-2 is not sent, however long we look (the admin API says pending).
 	code, body := e.admin("/v1/devices/pump-7")
