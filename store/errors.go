@@ -12,3 +12,7 @@ var (
 	// ErrLocked is returned by Open when another process holds the store.
 	ErrLocked = errors.New("store: held by another process (is an agent running? use the admin API)")
 )
+
+// ErrFormat is returned by Open for a file in a layout this build does not
+// read.
+var ErrFormat = errors.New("store: unsupported file format")

@@ -62,7 +62,9 @@ type Op struct {
 	Keys       int             `json:"keys,omitempty"`        // how many keys were issued
 	WasUnknown bool            `json:"was_unknown,omitempty"` // once unknown, never device_unreachable
 
-	Worker     string    `json:"worker"`
+	Worker string `json:"worker"`
+	// InboxSeq is the record's place in arrival order: its key in the ops
+	// bucket and its inbox entry's key.
 	InboxSeq   uint64    `json:"inbox_seq"`
 	ReceivedAt time.Time `json:"received_at"`
 	DecidedAt  time.Time `json:"decided_at,omitempty"`
@@ -80,7 +82,7 @@ type Outbox struct {
 
 // InboxEntry is one queued command of a worker, in arrival order.
 type InboxEntry struct {
-	Worker string `json:"-"`
+	Worker string `json:"worker"`
 	Seq    uint64 `json:"-"`
 	Device string `json:"dev"`
 	OpID   string `json:"op_id"`

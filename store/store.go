@@ -1,9 +1,23 @@
 // Package store keeps edge-agent's durable state in one bbolt file: the
-// inbox, device records (last_fence), op records, the outbox and the expiry
-// index (DESIGN.md, storage sketch). Every write goes through a group commit:
-// one goroutine runs all the updates that are waiting in one bbolt
-// transaction and one fsync, so many devices share a commit while a lone
-// device never waits for a timer.
+// inbox, device records (last_fence), op records, the outbox (DESIGN.md,
+// storage sketch). Every write goes through a group commit: one goroutine
+// runs all the updates that are waiting in one bbolt transaction and one
+// fsync, so many devices share a commit while a lone device never waits for
+// a timer.
+//
+// Layout (format 2). What a commit costs on disk is the number of B+tree
+// pages it dirties, so the buckets a command touches on every step are keyed
+// by arrival sequence, and the records of the commands under way sit
+// together in the rightmost leaves whatever their devices:
+//
+//	ops     seq (8 bytes, big endian) -> op record (JSON)
+//	opidx   device "/" op_id          -> seq (written once, on admission)
+//	inbox   seq                       -> {worker, device, op_id}
+//	outbox  seq (its own)             -> Result to publish
+//	devices device                    -> device record (last_fence, state)
+//	meta    "format"                  -> "2"
+//
+// An op record's seq is the seq of its inbox entry (Op.InboxSeq).
 package store
 
 import (
@@ -21,11 +35,16 @@ import (
 var (
 	bucketDevices = []byte("devices")
 	bucketOps     = []byte("ops")
+	bucketOpIndex = []byte("opidx")
 	bucketInbox   = []byte("inbox")
 	bucketOutbox  = []byte("outbox")
-	bucketExpiry  = []byte("expiry")
 	bucketMeta    = []byte("meta")
+
+	keyFormat = []byte("format")
 )
+
+// Format is the version of the file layout this package reads and writes.
+const Format = "2"
 
 // Options configure a Store. A nil *Options means all defaults.
 type Options struct {
@@ -66,6 +85,9 @@ type Store struct {
 	commits    uint64        // batches committed, for metrics and benchmarks
 	updates    uint64        // updates committed
 	commitTime time.Duration // time spent in committed transactions
+
+	sweepFrom uint64 // where the next Sweep resumes (commit goroutine only)
+	idx       *opIndex
 }
 
 // Stats are the group commit's counters.
@@ -118,20 +140,42 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 	s := &Store{db: db, opts: o, log: o.Logger,
 		reqs: make(chan *request, 4*o.MaxBatch), quit: make(chan struct{}),
-		done: make(chan struct{}), failedCh: make(chan struct{})}
-	if !o.ReadOnly {
+		done: make(chan struct{}), failedCh: make(chan struct{}), idx: newOpIndex()}
+	check := func(tx *bolt.Tx) error {
+		if m := tx.Bucket(bucketMeta); m != nil {
+			switch f := m.Get(keyFormat); {
+			case f == nil && tx.Bucket(bucketOpIndex) == nil && tx.Bucket(bucketOps) != nil:
+				return fmt.Errorf("%w: %s was written by an earlier development build (format 1); move it aside to start with an empty store", ErrFormat, path)
+			case f != nil && string(f) != Format:
+				return fmt.Errorf("%w: %s has format %q, this edge-agent reads format %q", ErrFormat, path, f, Format)
+			}
+		}
+		return nil
+	}
+	if o.ReadOnly {
+		err = db.View(check)
+	} else {
 		err = db.Update(func(tx *bolt.Tx) error {
-			for _, b := range [][]byte{bucketDevices, bucketOps, bucketInbox, bucketOutbox, bucketExpiry, bucketMeta} {
+			if err := check(tx); err != nil {
+				return err
+			}
+			for _, b := range [][]byte{bucketDevices, bucketOps, bucketOpIndex, bucketInbox, bucketOutbox, bucketMeta} {
 				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
 			}
-			return nil
+			return tx.Bucket(bucketMeta).Put(keyFormat, []byte(Format))
 		})
-		if err != nil {
-			db.Close()
-			return nil, fmt.Errorf("store: init %s: %w", path, err)
+	}
+	if err == nil {
+		err = db.View(s.idx.load)
+	}
+	if err != nil {
+		db.Close()
+		if errors.Is(err, ErrFormat) {
+			return nil, err
 		}
+		return nil, fmt.Errorf("store: init %s: %w", path, err)
 	}
 	return s, nil
 }
@@ -219,7 +263,9 @@ func (s *Store) Submit(ctx context.Context, fn func(*Tx) error) <-chan error {
 
 // View runs fn in a read-only transaction.
 func (s *Store) View(fn func(*Tx) error) error {
-	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+	r := s.idx.enter()
+	defer s.idx.leave(r)
+	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
 }
 
 func (s *Store) loop() {
@@ -283,11 +329,19 @@ func (s *Store) drain(err error) {
 
 func (s *Store) commit(batch []*request) error {
 	var hooks []func()
+	var txid uint64
+	flush := s.idx.due()
 	start := time.Now()
 	err := s.db.Update(func(btx *bolt.Tx) error {
-		tx := &Tx{tx: btx, write: true}
+		txid = uint64(btx.ID())
+		tx := &Tx{tx: btx, s: s, write: true}
 		for _, r := range batch {
 			if err := r.fn(tx); err != nil {
+				return err
+			}
+		}
+		if flush {
+			if err := s.idx.flush(btx); err != nil {
 				return err
 			}
 		}
@@ -302,6 +356,7 @@ func (s *Store) commit(batch []*request) error {
 	if err != nil {
 		return fmt.Errorf("store: commit of %d updates: %w", len(batch), err)
 	}
+	s.idx.committed(txid, flush)
 	s.mu.Lock()
 	s.commits++
 	s.updates += uint64(len(batch))

@@ -294,3 +294,137 @@ func TestRetention(t *testing.T) {
 		t.Errorf("keep_last 0 after publishing: %v, want only q and u", got)
 	}
 }
+
+// The (device, op_id) index is written to disk lazily: entries not yet
+// flushed when the process stops are rebuilt from the op records on Open,
+// and a flush leaves a complete index on disk.
+func TestOpIndexSurvivesRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.db")
+	ctx := context.Background()
+	open := func() *Store {
+		s, err := Open(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		return s
+	}
+	put := func(s *Store, from, to int) {
+		if err := s.Update(ctx, func(tx *Tx) error {
+			for i := from; i < to; i++ {
+				if err := tx.PutOp(finalOp(fmt.Sprintf("d%d", i%7), fmt.Sprintf("op-%d", i), time.Now())); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onDisk := func(s *Store) (n int) {
+		s.DB().View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketOpIndex).Stats().KeyN; return nil })
+		return n
+	}
+	s := open()
+	put(s, 0, flushEntries+10) // enough to make the next commit flush
+	if n := onDisk(s); n != 0 {
+		t.Fatalf("%d index entries on disk before a flush", n)
+	}
+	put(s, flushEntries+10, flushEntries+20)
+	if n := onDisk(s); n != flushEntries+20 {
+		t.Fatalf("%d index entries on disk after the flush, want %d", n, flushEntries+20)
+	}
+	put(s, flushEntries+20, flushEntries+30) // not flushed: only in memory
+	s.Close()
+	s = open()
+	defer s.Close()
+	if n := onDisk(s); n != flushEntries+20 {
+		t.Fatalf("%d index entries on disk after restart, want %d", n, flushEntries+20)
+	}
+	for _, i := range []int{0, flushEntries + 19, flushEntries + 25, flushEntries + 29} {
+		dev, op := fmt.Sprintf("d%d", i%7), fmt.Sprintf("op-%d", i)
+		s.View(func(tx *Tx) error {
+			o, ok, err := tx.Op(dev, op)
+			if err != nil || !ok || o.OpID != op || o.Device != dev {
+				t.Errorf("after restart, %s/%s: %+v %v %v", dev, op, o, ok, err)
+			}
+			return nil
+		})
+	}
+	// A record deleted after its entry was flushed is gone from the index
+	// too, on disk and in memory.
+	if err := s.Update(ctx, func(tx *Tx) error { return tx.DeleteOp("d0", "op-0") }); err != nil {
+		t.Fatal(err)
+	}
+	s.View(func(tx *Tx) error {
+		if _, ok, _ := tx.Op("d0", "op-0"); ok {
+			t.Error("deleted op still found")
+		}
+		n := 0
+		tx.Ops("d0", func(Op) error { n++; return nil })
+		if want := (flushEntries+30)/7 + 1 - 1; n != want {
+			t.Errorf("d0 has %d ops, want %d", n, want)
+		}
+		return nil
+	})
+}
+
+// A reader whose snapshot predates a flush still finds the entries the
+// flush moved to disk: they stay in memory until it ends.
+func TestOpIndexReaderAcrossFlush(t *testing.T) {
+	s := openTest(t, nil)
+	ctx := context.Background()
+	// bbolt cannot grow its memory map while a reader is open (the writer
+	// would wait for the reader, which waits for the writer): grow the file
+	// first, as a long-running store has.
+	if err := s.DB().Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("scratch"))
+		if err != nil {
+			return err
+		}
+		for i := 0; i < 2048; i++ {
+			if err := b.Put(u64(uint64(i)), make([]byte, 4000)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DB().Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("scratch")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(ctx, func(tx *Tx) error {
+		for i := 0; i < flushEntries; i++ {
+			if err := tx.PutOp(finalOp("d", fmt.Sprintf("op-%d", i), time.Now())); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	inView, release := make(chan struct{}), make(chan struct{})
+	found := make(chan bool)
+	go s.View(func(tx *Tx) error {
+		close(inView)
+		<-release
+		_, ok, _ := tx.Op("d", "op-7")
+		found <- ok
+		return nil
+	})
+	<-inView
+	// This commit flushes the index (the pending entries reached the limit).
+	if err := s.Update(ctx, func(tx *Tx) error { return tx.PutOp(finalOp("d", "later", time.Now())) }); err != nil {
+		t.Fatal(err)
+	}
+	var flushed int
+	s.DB().View(func(tx *bolt.Tx) error { flushed = tx.Bucket(bucketOpIndex).Stats().KeyN; return nil })
+	if flushed < flushEntries {
+		t.Fatalf("the flush did not happen: %d entries on disk", flushed)
+	}
+	close(release)
+	if !<-found {
+		t.Error("a reader from before the flush lost op-7")
+	}
+}

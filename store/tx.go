@@ -3,8 +3,8 @@ package store
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
+	"sort"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -14,6 +14,7 @@ import (
 // Device and op IDs never contain '/', so '/' separates key parts.
 type Tx struct {
 	tx    *bolt.Tx
+	s     *Store
 	write bool
 	hooks []func()
 }
@@ -30,29 +31,16 @@ func u64(v uint64) []byte {
 
 func opKey(dev, op string) []byte { return []byte(dev + "/" + op) }
 
-func getJSON(b *bolt.Bucket, k []byte, v any) (bool, error) {
-	raw := b.Get(k)
-	if raw == nil {
-		return false, nil
-	}
-	if err := json.Unmarshal(raw, v); err != nil {
-		return true, fmt.Errorf("store: decode record %q: %w", k, err)
-	}
-	return true, nil
-}
-
-func putJSON(b *bolt.Bucket, k []byte, v any) error {
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("store: encode %s: %w", k, err)
-	}
-	return b.Put(k, raw)
-}
-
 // Device returns dev's record; ok is false when it has none yet.
 func (t *Tx) Device(dev string) (d Device, ok bool, err error) {
-	ok, err = getJSON(t.tx.Bucket(bucketDevices), []byte(dev), &d)
-	return d, ok, err
+	raw := t.tx.Bucket(bucketDevices).Get([]byte(dev))
+	if raw == nil {
+		return d, false, nil
+	}
+	if err := decodeDevice(raw, &d); err != nil {
+		return d, true, fmt.Errorf("store: decode devices/%s: %w", dev, err)
+	}
+	return d, true, nil
 }
 
 // PutDevice writes dev's record. last_fence never moves backwards
@@ -65,30 +53,73 @@ func (t *Tx) PutDevice(dev string, d Device) error {
 	if ok && d.LastFence < old.LastFence {
 		return fmt.Errorf("store: device %s: last_fence would move back from %d to %d", dev, old.LastFence, d.LastFence)
 	}
-	return putJSON(t.tx.Bucket(bucketDevices), []byte(dev), d)
+	return t.tx.Bucket(bucketDevices).Put([]byte(dev), encodeDevice(&d))
 }
 
 // Devices calls fn for every device record in ID order.
 func (t *Tx) Devices(fn func(dev string, d Device) error) error {
 	return t.tx.Bucket(bucketDevices).ForEach(func(k, v []byte) error {
 		var d Device
-		if err := json.Unmarshal(v, &d); err != nil {
+		if err := decodeDevice(v, &d); err != nil {
 			return fmt.Errorf("store: decode devices/%s: %w", k, err)
 		}
 		return fn(string(k), d)
 	})
 }
 
-// Op returns the record of (dev, op); ok is false when there is none.
-func (t *Tx) Op(dev, op string) (o Op, ok bool, err error) {
-	ok, err = getJSON(t.tx.Bucket(bucketOps), opKey(dev, op), &o)
-	return o, ok, err
+// opSeq returns the sequence of (dev, op)'s record, 0 when there is none.
+func (t *Tx) opSeq(dev, op string) uint64 {
+	if t.s != nil {
+		if seq, ok := t.s.idx.lookup(string(opKey(dev, op))); ok {
+			return seq
+		}
+	}
+	v := t.tx.Bucket(bucketOpIndex).Get(opKey(dev, op))
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
 }
 
-// PutOp writes an op record. A final record gets its place in its device's
-// history (FinalSeq, bumping the device record's Finals) and in the expiry
-// index the first time it is written final.
+// Op returns the record of (dev, op); ok is false when there is none.
+func (t *Tx) Op(dev, op string) (o Op, ok bool, err error) {
+	seq := t.opSeq(dev, op)
+	if seq == 0 {
+		return o, false, nil
+	}
+	raw := t.tx.Bucket(bucketOps).Get(u64(seq))
+	if raw == nil {
+		return o, false, nil
+	}
+	if err := decodeOp(raw, &o); err != nil {
+		return o, true, fmt.Errorf("store: decode ops/%d (%s/%s): %w", seq, dev, op, err)
+	}
+	o.InboxSeq = seq
+	return o, true, nil
+}
+
+// PutOp writes an op record. A new record takes the next sequence of the
+// ops bucket unless o.InboxSeq already holds one (from InboxAppend). A
+// final record gets its place in its device's history (FinalSeq, bumping
+// the device record's Finals) the first time it is written final.
 func (t *Tx) PutOp(o Op) error {
+	ops := t.tx.Bucket(bucketOps)
+	// Records are appended in arrival order and rewritten in place while
+	// their command is under way: full leaves, not bbolt's half-full
+	// default for random inserts.
+	ops.FillPercent = 0.95
+	if seq := t.opSeq(o.Device, o.OpID); seq != 0 {
+		o.InboxSeq = seq
+	} else {
+		if o.InboxSeq == 0 {
+			seq, err := ops.NextSequence()
+			if err != nil {
+				return err
+			}
+			o.InboxSeq = seq
+		}
+		t.s.idx.put(string(opKey(o.Device, o.OpID)), o.InboxSeq)
+	}
 	if o.Status == OpFinal && o.FinalSeq == 0 {
 		d, _, err := t.Device(o.Device)
 		if err != nil {
@@ -102,88 +133,94 @@ func (t *Tx) PutOp(o Op) error {
 		if err := t.PutDevice(o.Device, d); err != nil {
 			return err
 		}
-		if err := t.tx.Bucket(bucketExpiry).Put(expiryKey(o.DecidedAt, o.Device, o.OpID), nil); err != nil {
-			return err
-		}
 	}
-	return putJSON(t.tx.Bucket(bucketOps), opKey(o.Device, o.OpID), o)
+	return ops.Put(u64(o.InboxSeq), encodeOp(&o))
 }
 
-// DeleteOp removes an op record (and its expiry entry, if final).
+// DeleteOp removes an op record.
 func (t *Tx) DeleteOp(dev, op string) error {
-	o, ok, err := t.Op(dev, op)
-	if err != nil || !ok {
+	seq := t.opSeq(dev, op)
+	if seq == 0 {
+		return nil
+	}
+	return t.deleteOp(dev, op, seq)
+}
+
+// deleteOp removes the record seq of (dev, op) and its index entry.
+func (t *Tx) deleteOp(dev, op string, seq uint64) error {
+	t.s.idx.forget(string(opKey(dev, op)), seq)
+	if err := t.tx.Bucket(bucketOpIndex).Delete(opKey(dev, op)); err != nil {
 		return err
 	}
-	if o.Status == OpFinal {
-		if err := t.tx.Bucket(bucketExpiry).Delete(expiryKey(o.DecidedAt, dev, op)); err != nil {
-			return err
-		}
-	}
-	return t.tx.Bucket(bucketOps).Delete(opKey(dev, op))
+	return t.tx.Bucket(bucketOps).Delete(u64(seq))
 }
 
-// Ops calls fn for dev's op records (all devices when dev is ""), in key order.
+// Ops calls fn for dev's op records in arrival order (all devices' records
+// when dev is "").
 func (t *Tx) Ops(dev string, fn func(o Op) error) error {
-	c := t.tx.Bucket(bucketOps).Cursor()
-	prefix := []byte(dev + "/")
-	if dev == "" {
-		prefix = nil
-	}
-	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+	ops := t.tx.Bucket(bucketOps)
+	each := func(k, v []byte) error {
 		var o Op
-		if err := json.Unmarshal(v, &o); err != nil {
-			return fmt.Errorf("store: decode ops/%s: %w", k, err)
+		if err := decodeOp(v, &o); err != nil {
+			return fmt.Errorf("store: decode ops/%d: %w", binary.BigEndian.Uint64(k), err)
 		}
-		if err := fn(o); err != nil {
-			return err
+		o.InboxSeq = binary.BigEndian.Uint64(k)
+		return fn(o)
+	}
+	if dev == "" {
+		return ops.ForEach(each)
+	}
+	idx := map[string]uint64{}
+	c := t.tx.Bucket(bucketOpIndex).Cursor()
+	prefix := []byte(dev + "/")
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		idx[string(k)] = binary.BigEndian.Uint64(v)
+	}
+	if t.s != nil {
+		t.s.idx.withPrefix(string(prefix), idx)
+	}
+	seqs := make([][]byte, 0, len(idx))
+	for _, seq := range idx {
+		seqs = append(seqs, u64(seq))
+	}
+	sort.Slice(seqs, func(i, j int) bool { return bytes.Compare(seqs[i], seqs[j]) < 0 })
+	for _, k := range seqs {
+		if v := ops.Get(k); v != nil {
+			if err := each(k, v); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-func expiryKey(at time.Time, dev, op string) []byte {
-	ns := at.UnixNano()
-	if ns < 0 {
-		ns = 0
-	}
-	return append(u64(uint64(ns)), []byte(dev+"/"+op)...)
-}
-
-// InboxAppend appends (dev, op) to worker's inbox and returns its sequence.
+// InboxAppend appends (dev, op) to worker's inbox and returns its sequence,
+// which is also the sequence the op's record takes (PutOp with InboxSeq).
 func (t *Tx) InboxAppend(worker, dev, op string) (uint64, error) {
-	b, err := t.tx.Bucket(bucketInbox).CreateBucketIfNotExists([]byte(worker))
-	if err != nil {
-		return 0, fmt.Errorf("store: inbox %s: %w", worker, err)
-	}
-	seq, err := b.NextSequence()
+	seq, err := t.tx.Bucket(bucketOps).NextSequence()
 	if err != nil {
 		return 0, err
 	}
-	return seq, putJSON(b, u64(seq), InboxEntry{Device: dev, OpID: op})
+	in := t.tx.Bucket(bucketInbox)
+	in.FillPercent = 0.95
+	return seq, in.Put(u64(seq), encodeInbox(&InboxEntry{Worker: worker, Device: dev, OpID: op}))
 }
 
 // InboxDelete removes one inbox entry.
 func (t *Tx) InboxDelete(worker string, seq uint64) error {
-	b := t.tx.Bucket(bucketInbox).Bucket([]byte(worker))
-	if b == nil {
-		return nil
-	}
-	return b.Delete(u64(seq))
+	return t.tx.Bucket(bucketInbox).Delete(u64(seq))
 }
 
-// Inbox calls fn for every inbox entry of every worker, in arrival order
-// within each worker.
+// Inbox calls fn for every inbox entry in arrival order (so in arrival
+// order within each worker).
 func (t *Tx) Inbox(fn func(e InboxEntry) error) error {
-	return t.tx.Bucket(bucketInbox).ForEachBucket(func(w []byte) error {
-		return t.tx.Bucket(bucketInbox).Bucket(w).ForEach(func(k, v []byte) error {
-			var e InboxEntry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return fmt.Errorf("store: decode inbox/%s: %w", w, err)
-			}
-			e.Worker, e.Seq = string(w), binary.BigEndian.Uint64(k)
-			return fn(e)
-		})
+	return t.tx.Bucket(bucketInbox).ForEach(func(k, v []byte) error {
+		var e InboxEntry
+		if err := decodeInbox(v, &e); err != nil {
+			return fmt.Errorf("store: decode inbox/%d: %w", binary.BigEndian.Uint64(k), err)
+		}
+		e.Seq = binary.BigEndian.Uint64(k)
+		return fn(e)
 	})
 }
 
@@ -191,12 +228,13 @@ func (t *Tx) Inbox(fn func(e InboxEntry) error) error {
 // keeps its op record (Sweep looks the outbox up).
 func (t *Tx) OutboxAppend(e Outbox) (Outbox, error) {
 	b := t.tx.Bucket(bucketOutbox)
+	b.FillPercent = 0.95
 	seq, err := b.NextSequence()
 	if err != nil {
 		return e, err
 	}
 	e.Seq = seq
-	return e, putJSON(b, u64(seq), e)
+	return e, b.Put(u64(seq), encodeOutbox(&e))
 }
 
 // OutboxDelete removes a published Result from the outbox.
@@ -218,8 +256,8 @@ func (t *Tx) OutboxHolds(dev, op string) (bool, error) {
 func (t *Tx) Outbox(fn func(e Outbox) error) error {
 	return t.tx.Bucket(bucketOutbox).ForEach(func(k, v []byte) error {
 		var e Outbox
-		if err := json.Unmarshal(v, &e); err != nil {
-			return fmt.Errorf("store: decode outbox/%x: %w", k, err)
+		if err := decodeOutbox(v, &e); err != nil {
+			return fmt.Errorf("store: decode outbox/%d: %w", binary.BigEndian.Uint64(k), err)
 		}
 		e.Seq = binary.BigEndian.Uint64(k)
 		return fn(e)
@@ -228,16 +266,19 @@ func (t *Tx) Outbox(fn func(e Outbox) error) error {
 
 // Sweep deletes final op records decided before now-retention that are not
 // among their device's keepLast most recent final records and have no
-// Result left in the outbox, at most max of them. Queued, pending and
-// unknown records are never deleted. Because the keepLast rule counts
-// records, not time, a wall-clock jump cannot erase a device's recent
-// history.
+// Result left in the outbox, at most max of them, looking at no more than
+// 16*max records. Queued, pending and unknown records are never deleted.
+// Because the keepLast rule counts records, not time, a wall-clock jump
+// cannot erase a device's recent history. The scan walks the records in
+// arrival order from where the previous sweep stopped, so records it must
+// keep do not stop it from reaching the deletable ones behind them; it
+// starts again from the oldest record once it reaches one received after
+// the cutoff.
 func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max int) (int, error) {
-	cutoff := expiryKey(now.Add(-retention), "", "")[:8]
-	exp := t.tx.Bucket(bucketExpiry)
-	c := exp.Cursor()
-	var del [][]byte
-	deleted := 0
+	cutoff := now.Add(-retention)
+	ops := t.tx.Bucket(bucketOps)
+	c := ops.Cursor()
+	var del []Op
 	finals := map[string]uint64{}
 	// Records whose Result is still in the outbox are kept. The outbox is
 	// short (Results leave it as soon as the broker takes them), so one
@@ -251,45 +292,55 @@ func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max 
 	}); err != nil {
 		return 0, err
 	}
-	scanned := 0
-	for k, _ := c.First(); k != nil && bytes.Compare(k[:8], cutoff) < 0 && deleted < max && scanned < 16*max; k, _ = c.Next() {
-		scanned++
-		rest := string(k[8:])
-		i := bytes.IndexByte(k[8:], '/')
-		if i < 0 {
-			del = append(del, append([]byte(nil), k...))
+	var k, v []byte
+	if t.s != nil && t.s.sweepFrom > 0 {
+		k, v = c.Seek(u64(t.s.sweepFrom))
+	} else {
+		k, v = c.First()
+	}
+	var next uint64
+	for scanned := 0; k != nil && len(del) < max; k, v = c.Next() {
+		if scanned++; scanned > 16*max {
+			next = binary.BigEndian.Uint64(k)
+			break
+		}
+		var o Op
+		if err := decodeOp(v, &o); err != nil {
+			return 0, fmt.Errorf("store: decode ops/%d: %w", binary.BigEndian.Uint64(k), err)
+		}
+		o.InboxSeq = binary.BigEndian.Uint64(k)
+		if !o.ReceivedAt.Before(cutoff) && !o.ReceivedAt.After(now) {
+			// Received after the cutoff (and not stamped in the future by
+			// a clock that has since gone back): so is everything after
+			// it, but for clock steps; start from the oldest next time.
+			break
+		}
+		if o.Status != OpFinal || !o.DecidedAt.Before(cutoff) {
 			continue
 		}
-		dev, op := rest[:i], rest[i+1:]
-		o, ok, err := t.Op(dev, op)
-		if err != nil {
-			return deleted, err
-		}
-		if !ok || o.Status != OpFinal {
-			del = append(del, append([]byte(nil), k...))
-			continue
-		}
-		n, seen := finals[dev]
+		n, seen := finals[o.Device]
 		if !seen {
-			d, _, err := t.Device(dev)
+			d, _, err := t.Device(o.Device)
 			if err != nil {
-				return deleted, err
+				return 0, err
 			}
-			n, finals[dev] = d.Finals, d.Finals
+			n, finals[o.Device] = d.Finals, d.Finals
 		}
-		if n-o.FinalSeq < keepLast || unpublished[dev+"/"+op] {
+		if n-o.FinalSeq < keepLast || unpublished[o.Device+"/"+o.OpID] {
 			continue
 		}
-		if err := t.tx.Bucket(bucketOps).Delete(opKey(dev, op)); err != nil {
-			return deleted, err
-		}
-		del = append(del, append([]byte(nil), k...))
-		deleted++
+		del = append(del, o)
 	}
-	for _, k := range del {
-		if err := exp.Delete(k); err != nil {
-			return deleted, err
+	if k != nil && len(del) >= max {
+		next = binary.BigEndian.Uint64(k)
+	}
+	for _, o := range del {
+		if err := t.deleteOp(o.Device, o.OpID, o.InboxSeq); err != nil {
+			return 0, err
 		}
 	}
-	return deleted, nil
+	if t.s != nil {
+		t.s.sweepFrom = next
+	}
+	return len(del), nil
 }
