@@ -33,6 +33,12 @@ func (e *ParseError) Error() string { return "wire: invalid command: " + e.Reaso
 // ParseCommand decodes and validates one Command payload (PROTOCOL.md §1).
 // Every failure is a *ParseError.
 func ParseCommand(payload []byte) (Command, error) {
+	return parseCommand(payload, true)
+}
+
+// parseCommand is ParseCommand; fast false takes the reference path only
+// (for the tests that compare the two).
+func parseCommand(payload []byte, fast bool) (Command, error) {
 	var c Command
 	if len(payload) > MaxCommandSize {
 		return c, &ParseError{Reason: fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(payload), MaxCommandSize)}
@@ -41,12 +47,22 @@ func ParseCommand(payload []byte) (Command, error) {
 		return c, &ParseError{Reason: "payload is not valid UTF-8"}
 	}
 	var raw map[string]json.RawMessage
-	rawErr := json.Unmarshal(payload, &raw)
+	var rawErr error
+	checked := false
+	if ms, ok := fastObject(payload); fast && ok {
+		// Valid, no duplicate keys, not too deep: checkJSON would pass.
+		raw, checked = make(map[string]json.RawMessage, len(ms)), true
+		for _, m := range ms {
+			raw[m.key] = m.val
+		}
+	} else {
+		rawErr = json.Unmarshal(payload, &raw)
+	}
 	pe := &ParseError{}
 	// Read what can be echoed first, so every later error carries it.
 	if v, ok := raw["op_id"]; ok {
 		var s string
-		if json.Unmarshal(v, &s) == nil && ValidOpID(s) {
+		if unquote(v, &s) == nil && ValidOpID(s) {
 			pe.OpID = s
 		}
 	}
@@ -57,7 +73,7 @@ func ParseCommand(payload []byte) (Command, error) {
 	}
 	if v, ok := raw["reply_to"]; ok {
 		var s string
-		if json.Unmarshal(v, &s) == nil && ValidPublishTopic(s) {
+		if unquote(v, &s) == nil && ValidPublishTopic(s) {
 			pe.ReplyTo = s
 		}
 	}
@@ -65,11 +81,13 @@ func ParseCommand(payload []byte) (Command, error) {
 		pe.Reason = fmt.Sprintf(format, a...)
 		return Command{}, pe
 	}
-	if err := checkJSON(payload); err != nil {
-		return fail("%v", err)
-	}
-	if rawErr != nil {
-		return fail("payload is not a JSON object")
+	if !checked {
+		if err := checkJSON(payload); err != nil {
+			return fail("%v", err)
+		}
+		if rawErr != nil {
+			return fail("payload is not a JSON object")
+		}
 	}
 
 	c.V = Version
@@ -82,7 +100,7 @@ func ParseCommand(payload []byte) (Command, error) {
 	if !ok {
 		return fail("op_id is required")
 	}
-	if err := json.Unmarshal(v, &c.OpID); err != nil {
+	if err := unquote(v, &c.OpID); err != nil {
 		return fail("op_id must be a string")
 	}
 	if !ValidOpID(c.OpID) {
@@ -101,7 +119,7 @@ func ParseCommand(payload []byte) (Command, error) {
 	if !ok {
 		return fail("action is required")
 	}
-	if err := json.Unmarshal(v, &c.Action); err != nil {
+	if err := unquote(v, &c.Action); err != nil {
 		return fail("action must be a string")
 	}
 	if !ValidAction(c.Action) {
@@ -119,7 +137,7 @@ func ParseCommand(payload []byte) (Command, error) {
 		dst  *string
 	}{{"lock", &c.Lock}, {"holder", &c.Holder}, {"reply_to", &c.ReplyTo}} {
 		if v, ok := raw[k.name]; ok && string(v) != "null" {
-			if err := json.Unmarshal(v, k.dst); err != nil {
+			if err := unquote(v, k.dst); err != nil {
 				return fail("%s must be a string", k.name)
 			}
 		}
@@ -129,7 +147,7 @@ func ParseCommand(payload []byte) (Command, error) {
 	}
 	if v, ok := raw["expires_at"]; ok && string(v) != "null" {
 		var s string
-		if err := json.Unmarshal(v, &s); err != nil {
+		if err := unquote(v, &s); err != nil {
 			return fail("expires_at must be an RFC 3339 string")
 		}
 		t, err := time.Parse(time.RFC3339Nano, s)
@@ -139,6 +157,16 @@ func ParseCommand(payload []byte) (Command, error) {
 		c.ExpiresAt = &t
 	}
 	return c, nil
+}
+
+// unquote decodes the JSON string v into dst (json.Unmarshal, without its
+// cost for a string with no escapes).
+func unquote(v []byte, dst *string) error {
+	if s, ok := fastString(v); ok {
+		*dst = s
+		return nil
+	}
+	return json.Unmarshal(v, dst)
 }
 
 func parseFence(v json.RawMessage) (int64, error) {
@@ -221,6 +249,17 @@ func walk(dec *json.Decoder, depth int) error {
 // so two values compare equal as JSON values exactly when their canonical
 // forms are equal. An empty b is the empty object.
 func Canonical(b []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(b)) == 0 || string(bytes.TrimSpace(b)) == "null" {
+		return []byte("{}"), nil
+	}
+	if out, ok := fastCanonical(nil, b); ok {
+		return out, nil
+	}
+	return canonicalRef(b)
+}
+
+// canonicalRef is Canonical without the fast path.
+func canonicalRef(b []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(b)) == 0 || string(bytes.TrimSpace(b)) == "null" {
 		return []byte("{}"), nil
 	}

@@ -2,6 +2,8 @@ package wire
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -158,6 +160,50 @@ func FuzzParseCommand(f *testing.F) {
 		}
 		if _, err := ContentHash(c.Action, c.Params); err != nil {
 			t.Fatalf("accepted params that cannot be hashed: %v", err)
+		}
+	})
+}
+
+// The fast path (fastjson.go) and the reference path agree on every input:
+// the same command or the same error, and the same canonical form.
+func FuzzFastPathAgrees(f *testing.F) {
+	for _, s := range []string{
+		`{"op_id":"op-1","fence":42,"action":"set","params":{"rpm":1200,"mode":"auto"}}`,
+		`{"op_id":"a","fence":1,"action":"set","params":{"b":1,"a":[1.0,-0,1e2,{"z":"<x>"}],"a!":true,"a ":null}}`,
+		`{"op_id":"a","fence":1,"action":"set","params":{"k":"\u00e9","\u0061":1}}`,
+		`{"op_id":"a","fence":1,"action":"set","params":{"x":1,"x":2}}`,
+		`{"op_id":"a","fence":1,"action":"set","params":{"x":"` + "\u2028" + `"}}`,
+		`{"op_id":"a","fence":1,"action":"set"} `, ` {"op_id":"a","fence":1,"action":"set"}x`,
+		`{"op_id":"a","fence":1,"action":"set","reply_to":"r/\u0074","holder":null,"lock":"l"}`,
+		`{"op_id":"a","fence":01,"action":"set"}`, `{"op_id":"a","fence":-0,"action":"set"}`,
+		`{"op_id":"a","fence":1,"action":"set","params":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}`,
+		`{"op_id":"a","fence":1,"action":"set","params":{"s":"tab	in"}}`,
+		`{"v":1,"op_id":"a","fence":1,"action":"set","expires_at":"2030-01-01T00:00:00.5+02:00"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c1, err1 := parseCommand(b, true)
+		c2, err2 := parseCommand(b, false)
+		if fmt.Sprint(err1) != fmt.Sprint(err2) {
+			t.Fatalf("errors differ:\nfast %v\nref  %v", err1, err2)
+		}
+		if err1 != nil {
+			var p1, p2 *ParseError
+			errors.As(err1, &p1)
+			errors.As(err2, &p2)
+			if *p1 != *p2 {
+				t.Fatalf("parse errors differ:\nfast %+v\nref  %+v", p1, p2)
+			}
+		} else if !reflect.DeepEqual(c1, c2) {
+			t.Fatalf("commands differ:\nfast %+v\nref  %+v", c1, c2)
+		}
+		for _, v := range [][]byte{b, c1.Params} {
+			f1, e1 := Canonical(v)
+			f2, e2 := canonicalRef(v)
+			if string(f1) != string(f2) || fmt.Sprint(e1) != fmt.Sprint(e2) {
+				t.Fatalf("canonical forms of %q differ:\nfast %q %v\nref  %q %v", v, f1, e1, f2, e2)
+			}
 		}
 	})
 }
