@@ -409,6 +409,9 @@ func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 	if tlsCfg != nil {
 		po.SetTLSConfig(tlsCfg)
 	}
+	if buffered(c.o.Broker) {
+		po.SetCustomOpenConnectionFn(OpenConnection) // conn.go: fewer system calls
+	}
 	return po
 }
 
