@@ -2,10 +2,12 @@ package agent
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/edge-agent/edge-agent/policy"
 	"github.com/edge-agent/edge-agent/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -149,20 +151,72 @@ func (a *Agent) admit(d Delivery) *arrival {
 			Fence: cmd.Fence, Action: cmd.Action, Params: cmd.Params, Lock: cmd.Lock,
 			Holder: cmd.Holder, ExpiresAt: cmd.ExpiresAt, ReplyTo: cmd.ReplyTo,
 			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: now.UTC()}
+		it := item{InboxEntry: store.InboxEntry{Worker: w.id, Seq: seq, Device: dev, OpID: cmd.OpID}, op: &o}
+		if w.depth.Load() == 0 && a.decidedOnArrival(rt, &o, now) {
+			// The worker is idle and nothing but the fence is left to
+			// check: decide here, and make this commit the pending write's
+			// (invariant 3: last_fence and the pending record with its
+			// key are durable before the worker sends anything; it waits
+			// for this commit). One commit less on the command's path.
+			d, _, err := tx.Device(dev)
+			if err != nil {
+				return err
+			}
+			// Invariant 1: a fence below last_fence is left to the
+			// worker, which rejects it.
+			if o.Fence >= d.LastFence {
+				o.ParamsSent = o.Params
+				if len(o.ParamsSent) == 0 {
+					o.ParamsSent = json.RawMessage("{}")
+				}
+				o.Status, o.Keys = store.OpPending, 1
+				o.Key = fmt.Sprintf("%s.%d.%s", o.OpID, o.Keys, a.keyRand())
+				if o.Fence > d.LastFence {
+					d.LastFence, d.UpdatedAt = o.Fence, now.UTC()
+					if err := tx.PutDevice(dev, d); err != nil {
+						return err
+					}
+				}
+				ready := make(chan struct{})
+				tx.OnCommit(func() { close(ready) })
+				it.ready, it.dev = ready, d
+			}
+		}
 		if err := tx.PutOp(o); err != nil {
 			return err
 		}
 		w.depth.Add(1)
 		ar.kind = admitQueued
-		ar.entry = store.InboxEntry{Worker: w.id, Seq: seq, Device: dev, OpID: cmd.OpID}
+		ar.entry = it.InboxEntry
 		// Hand it to the worker now, in commit order (= arrival order),
 		// without waiting for the fsync: the worker's own next commit
 		// lands in a later batch, so nothing it does becomes visible
-		// unless this admission is durable (invariant 3).
-		w.push(item{InboxEntry: ar.entry, op: &o})
+		// unless this admission is durable (invariant 3); an item
+		// decided here carries the commit's signal and is not sent
+		// before it.
+		w.push(it)
 		return nil
 	})
 	return ar
+}
+
+// decidedOnArrival reports whether o can be decided in its admission's
+// commit: every check before the fence passes (PROTOCOL.md order: lock,
+// expires_at), no policy is bound to the device, and it is a write (a
+// barrier is left to the worker). Anything else is left to the worker,
+// which runs every check in order.
+func (a *Agent) decidedOnArrival(rt *devRT, o *store.Op, now time.Time) bool {
+	if o.Action == wire.ActionFence {
+		return false
+	}
+	if rt.cfg.Lock != "" && o.Lock != rt.cfg.Lock {
+		return false
+	}
+	if o.ExpiresAt != nil && now.After(*o.ExpiresAt) {
+		return false
+	}
+	b, ok := a.o.Policy.(policy.Binder)
+	return ok && !b.Bound(o.Device)
 }
 
 // ackLoop acknowledges deliveries strictly in arrival order, each once its

@@ -47,6 +47,11 @@ func newWorker(a *Agent, id string) *worker {
 type item struct {
 	store.InboxEntry
 	op *store.Op
+	// ready, when set, means the intake decided op in its admission's
+	// commit (pending, last_fence raised to dev's): it is closed once that
+	// commit is durable, and nothing may be sent before.
+	ready <-chan struct{}
+	dev   store.Device
 }
 
 func (w *worker) push(e item) {
@@ -134,6 +139,9 @@ func (w *worker) handle(e item) (bool, error) {
 		return true, a.st.Update(context.Background(), func(tx *store.Tx) error { return tx.InboxDelete(e.Worker, e.Seq) })
 	}
 	rt := a.devs[o.Device]
+	if e.ready != nil {
+		return w.decided(rt, o, e)
+	}
 	switch o.Status {
 	case store.OpQueued:
 		return w.decide(rt, o)
@@ -222,6 +230,24 @@ func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
 	// write, are durable before anything is sent.
 	if err := w.newKey(rt, &o, true); err != nil {
 		return false, err
+	}
+	a.crash("after_pending", o.OpID)
+	return w.write(rt, o)
+}
+
+// decided sends a write the intake decided on arrival, once the admission
+// that made it pending is durable (invariant 3).
+func (w *worker) decided(rt *devRT, o store.Op, e item) (bool, error) {
+	a := w.a
+	select {
+	case <-e.ready:
+	case <-a.failed:
+		return false, errStopping // the failure is reported by whoever saw it
+	case <-a.stopping:
+		return false, errStopping // pending, if it became durable: recovery resolves it
+	}
+	if old := rt.lastFence.Swap(e.dev.LastFence); old != e.dev.LastFence {
+		a.publishState(o.Device, e.dev)
 	}
 	a.crash("after_pending", o.OpID)
 	return w.write(rt, o)

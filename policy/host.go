@@ -234,6 +234,17 @@ func (h *Host) Evaluate(ctx context.Context, device string, in Input) (Decision,
 	}
 }
 
+// Bound reports whether device has a policy binding (Binder). Before Start
+// and after Close it says true: Evaluate would fail.
+func (h *Host) Bound(device string) bool {
+	t := h.table.Load()
+	if t == nil || t.closed {
+		return true
+	}
+	_, ok := t.pools[device]
+	return ok
+}
+
 // Reload re-reads every bound plugin file and the current bindings. A file
 // whose content changed is compiled and checked aside (exports, ABI
 // version, policy_init with each bound device's config); then the new

@@ -49,8 +49,20 @@ type Evaluator interface {
 	Evaluate(ctx context.Context, device string, in Input) (Decision, error)
 }
 
+// Binder is implemented by an Evaluator that can say whether a device has
+// a policy at all: a command for a device without one is decided without
+// calling Evaluate (the agent then decides it in the admission's commit).
+type Binder interface {
+	// Bound reports whether Evaluate could do anything but allow device's
+	// commands unchanged. When unsure (not started, closed), true.
+	Bound(device string) bool
+}
+
 // AllowAll is the Evaluator for an agent with no policies.
 type AllowAll struct{}
+
+// Bound is always false: no device has a policy.
+func (AllowAll) Bound(string) bool { return false }
 
 // Evaluate allows every command unchanged.
 func (AllowAll) Evaluate(context.Context, string, Input) (Decision, error) {
