@@ -39,15 +39,28 @@ type publisher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu    sync.Mutex
-	q     []pubItem
-	busy  int // in flight
-	wake  chan struct{}
-	idle  chan struct{}
-	start sync.Once
+	mu     sync.Mutex
+	q      []pubItem
+	busy   int // in flight
+	wake   chan struct{}
+	idle   chan struct{}
+	start  sync.Once
+	states map[string]*stateSlot // by topic
 }
 
 const pubWindow = 256
+
+// StateInterval is the least time between two retained DeviceStates of one
+// device. A state that changes faster is held and only the latest is
+// published when the interval is up: under load a device's state would
+// otherwise cost one more publish (and one more PUBACK) per command. The
+// first change after a quiet interval is published at once.
+const StateInterval = 100 * time.Millisecond
+
+type stateSlot struct {
+	last time.Time // when the last state of this topic was queued
+	held *pubItem  // the latest state, waiting for the interval
+}
 
 type inflight struct {
 	it pubItem
@@ -70,9 +83,36 @@ func (p *publisher) stop() {
 	<-p.done
 }
 
+// isState reports whether it is a retained DeviceState (not a Result, an
+// answer, or the clearing of a retained command).
+func (it *pubItem) isState() bool {
+	return it.retained && it.seq == 0 && it.done == nil && len(it.payload) > 0
+}
+
 func (p *publisher) push(it pubItem) {
 	p.mu.Lock()
-	if it.retained && it.seq == 0 && it.done == nil && len(it.payload) > 0 {
+	if it.isState() {
+		if p.states == nil {
+			p.states = map[string]*stateSlot{}
+		}
+		sl := p.states[it.topic]
+		if sl == nil {
+			sl = &stateSlot{}
+			p.states[it.topic] = sl
+		}
+		now := time.Now()
+		switch {
+		case sl.held != nil:
+			sl.held = &it // the timer publishes the latest
+			p.mu.Unlock()
+			return
+		case now.Sub(sl.last) < StateInterval:
+			sl.held = &it
+			time.AfterFunc(sl.last.Add(StateInterval).Sub(now), func() { p.release(it.topic) })
+			p.mu.Unlock()
+			return
+		}
+		sl.last = now
 		// A retained state supersedes one for the same topic that is
 		// still waiting to be sent: only the latest matters.
 		for i := len(p.q) - 1; i >= 0 && i >= len(p.q)-64; i-- {
@@ -84,6 +124,23 @@ func (p *publisher) push(it pubItem) {
 		}
 	}
 	p.q = append(p.q, it)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// release queues the held state of topic ("" : every held state, at stop).
+func (p *publisher) release(topic string) {
+	p.mu.Lock()
+	for t, sl := range p.states {
+		if sl.held == nil || (topic != "" && t != topic) {
+			continue
+		}
+		p.q = append(p.q, *sl.held)
+		sl.held, sl.last = nil, time.Now()
+	}
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -230,8 +287,10 @@ func (p *publisher) pause(backoff *time.Duration, err error) bool {
 	return true
 }
 
-// flush waits until everything queued is confirmed, or ctx ends.
+// flush waits until everything queued (held states included) is
+// confirmed, or ctx ends.
 func (p *publisher) flush(ctx context.Context) {
+	p.release("")
 	for {
 		p.mu.Lock()
 		empty := len(p.q) == 0 && p.busy == 0
