@@ -66,16 +66,21 @@ func (w *worker) push(e item) {
 
 func (w *worker) next() (item, bool) {
 	for {
-		if w.a.stoppingNow() {
-			return item{}, false
-		}
+		stopping := w.a.stoppingNow()
 		w.mu.Lock()
-		if len(w.fifo) > 0 {
+		// While stopping, only a command decided on arrival is taken: it
+		// is already pending, so it is the write in hand (left pending,
+		// it would come back unknown after a restart although nothing
+		// was sent). Anything else stays queued for the next start.
+		if len(w.fifo) > 0 && (!stopping || w.fifo[0].ready != nil) {
 			e := w.fifo[0]
 			w.mu.Unlock()
 			return e, true
 		}
 		w.mu.Unlock()
+		if stopping {
+			return item{}, false
+		}
 		select {
 		case <-w.a.stopping:
 		case <-w.wake:
@@ -239,11 +244,13 @@ func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
 // that made it pending is durable (invariant 3).
 func (w *worker) decided(rt *devRT, o store.Op, e item) (bool, error) {
 	a := w.a
+	// Not abandoned on a graceful stop: this is the write in hand. Only a
+	// failed commit (nothing is sent: invariant 5) or a hard stop ends it.
 	select {
 	case <-e.ready:
 	case <-a.failed:
 		return false, errStopping // the failure is reported by whoever saw it
-	case <-a.stopping:
+	case <-a.ctx.Done():
 		return false, errStopping // pending, if it became durable: recovery resolves it
 	}
 	if old := rt.lastFence.Swap(e.dev.LastFence); old != e.dev.LastFence {

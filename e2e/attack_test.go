@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -294,5 +296,54 @@ func TestAttackOutboxNotRepublishedWhenBrokerDownAtStart(t *testing.T) {
 			t.Fatalf("op-1 still has %d Results in the outbox 10s after the broker came back: never published in this run", outbox(a2))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Found by the review of the fast path (a command decided in its
+// admission's commit): a graceful stop that came while that commit was
+// under way left the command pending although nothing had been sent; after
+// a restart a device that cannot be asked published outcome_unknown and was
+// held for an operator. Now the worker sends it as the write in hand.
+func TestStopDuringFastPathAdmissionSendsTheWrite(t *testing.T) {
+	d := pump("p1")
+	d.queryable = false
+	e := newEnv(t, d)
+	var slow atomic.Bool
+	inCommit := make(chan struct{})
+	var once sync.Once
+	e.failCommit = func() error {
+		if slow.Load() {
+			once.Do(func() { close(inCommit) })
+			time.Sleep(300 * time.Millisecond) // a slow fsync
+		}
+		return nil
+	}
+	e.start()
+	slow.Store(true)
+	e.send("p1", cmd("op-1", 5, "set", `{"rpm":100}`))
+	select {
+	case <-inCommit: // the admission (pending, decided on arrival) is being committed
+	case <-time.After(10 * time.Second):
+		t.Fatal("the admission never reached the store")
+	}
+	e.stop()
+	if got := e.journalOps(); fmt.Sprint(got) != "[op-1]" {
+		t.Fatalf("journal after the stop: %v, want [op-1] (the write in hand is sent)", got)
+	}
+	if r := e.final("op-1"); r.Status != wire.StatusApplied {
+		t.Fatalf("op-1: %+v", r)
+	}
+	slow.Store(false)
+	e.start()
+	code, body := e.admin("/v1/devices/p1/ops/op-1")
+	var o struct{ Status string }
+	json.Unmarshal(body, &o)
+	if code != http.StatusOK || o.Status != string(wire.StatusApplied) {
+		t.Fatalf("after restart op-1 is %d %s, want applied", code, body)
+	}
+	for _, r := range e.res.results("op-1") {
+		if r.Status == wire.StatusUnknown {
+			t.Errorf("an unknown Result was published for a write that was sent and applied: %+v", r)
+		}
 	}
 }

@@ -109,6 +109,9 @@ type env struct {
 	pexit chan error
 	plog  *syncBuf
 
+	// failCommit is the in-process agent's store fault hook (nil: none).
+	failCommit func() error
+
 	res     *collector
 	sender  paho.Client
 	status  <-chan mqtttest.Received
@@ -180,7 +183,7 @@ func (e *env) start() *app.App {
 		e.t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a := app.New(cfg, app.Options{Logger: log, Version: "e2e"})
+	a := app.New(cfg, app.Options{Logger: log, Version: "e2e", FailCommit: e.failCommit})
 	if err := a.Start(context.Background()); err != nil {
 		e.t.Fatal(err)
 	}
@@ -360,6 +363,13 @@ func (c *collector) count(op string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.by[op])
+}
+
+// results returns op's Results received so far.
+func (c *collector) results(op string) []wire.Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]wire.Result(nil), c.by[op]...)
 }
 
 func (c *collector) wait(op string, n int, within time.Duration) wire.Result {

@@ -82,6 +82,13 @@ func (t *Tx) opSeq(dev, op string) uint64 {
 }
 
 // Op returns the record of (dev, op); ok is false when there is none.
+//
+// The index of recent entries is kept in memory and shared by every
+// transaction (index.go), so inside View the lookup is as of now, not as of
+// the reader's snapshot: a record that a later commit deleted (or replaced
+// by a re-admission of the same op_id) may be missed by an older reader.
+// Decisions are made inside Update, in the serial commit stream, where the
+// lookup is exact.
 func (t *Tx) Op(dev, op string) (o Op, ok bool, err error) {
 	seq := t.opSeq(dev, op)
 	if seq == 0 {
