@@ -31,6 +31,7 @@ import (
 	"github.com/edge-agent/edge-agent/app"
 	"github.com/edge-agent/edge-agent/config"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/mqtt"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -80,12 +81,20 @@ func run(dur time.Duration, devList, out string) error {
 	for _, f := range strings.Split(devList, ",") {
 		var n int
 		fmt.Sscan(f, &n)
-		echo, err := measure(broker, n, dur, nil)
+		var echo, ag stats
+		var err error
+		// Labelled, so a CPU profile separates the runs: go tool pprof
+		// -tagfocus target=edge-agent.
+		pprof.Do(context.Background(), pprof.Labels("target", "echo"), func(context.Context) {
+			echo, err = measure(broker, n, dur, nil)
+		})
 		if err != nil {
 			return fmt.Errorf("echo, %d devices: %w", n, err)
 		}
 		fmt.Printf("%-8d %-12s %10.0f %9s %9s\n", n, "echo", echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond))
-		ag, err := measure(broker, n, dur, &agentTarget{dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
+		pprof.Do(context.Background(), pprof.Labels("target", "edge-agent"), func(context.Context) {
+			ag, err = measure(broker, n, dur, &agentTarget{dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
+		})
 		if err != nil {
 			return fmt.Errorf("edge-agent, %d devices: %w", n, err)
 		}
@@ -174,6 +183,7 @@ func (t *agentTarget) stop() {
 func startEcho(broker string) (func(), error) {
 	var c paho.Client
 	o := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-bench-echo").SetCleanSession(true).
+		SetCustomOpenConnectionFn(mqtt.OpenConnection). // the agent's connection (mqtt/conn.go)
 		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
 			var cmd wire.Command
 			if json.Unmarshal(m.Payload(), &cmd) != nil {
@@ -216,6 +226,7 @@ func measure(broker string, n int, dur time.Duration, t *agentTarget) (stats, er
 	reply := fmt.Sprintf("bench/reply/%d", run)
 	o := paho.NewClientOptions().AddBroker(broker).SetClientID(fmt.Sprintf("edge-bench-ctl-%d", run)).SetCleanSession(true).
 		SetMaxResumePubInFlight(1024).
+		SetCustomOpenConnectionFn(mqtt.OpenConnection).
 		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
 			var r wire.Result
 			if json.Unmarshal(m.Payload(), &r) != nil || r.Status == wire.StatusUnknown {
