@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -41,8 +42,22 @@ func main() {
 	dur := flag.Duration("duration", 5*time.Second, "measuring time per run")
 	devs := flag.String("devices", "1,8,64", "device counts")
 	out := flag.String("out", "", "append a Markdown table to this file")
-	prof := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
+	prof := flag.String("cpuprofile", "", "write a CPU profile of this process here (with -inprocess: of everything but mosquitto)")
+	inproc := flag.Bool("inprocess", false, "run the agent, the firmware simulator and the echo inside this process (for CPU profiles) instead of as processes of their own")
+	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	flag.Parse()
+	if *echoBroker != "" {
+		stop, err := startEcho(*echoBroker)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench echo:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		io.Copy(io.Discard, os.Stdin)
+		stop()
+		return
+	}
+	inProcess = *inproc
 	if *prof != "" {
 		f, err := os.Create(*prof)
 		if err != nil {
@@ -58,6 +73,11 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// inProcess: everything in this process (-inprocess); otherwise the echo,
+// the agent and the firmware simulator each run as a process of their own,
+// as they would be deployed, and this process is the load generator.
+var inProcess bool
 
 type stats struct {
 	n        int
@@ -76,6 +96,12 @@ func run(dur time.Duration, devList, out string) error {
 		return err
 	}
 	defer stop()
+	var bins string
+	if !inProcess {
+		if bins, err = buildBinaries(tmp); err != nil {
+			return err
+		}
+	}
 	var rows []string
 	fmt.Printf("%-8s %-12s %10s %9s %9s\n", "devices", "target", "cmds/s", "p50", "p99")
 	for _, f := range strings.Split(devList, ",") {
@@ -86,14 +112,14 @@ func run(dur time.Duration, devList, out string) error {
 		// Labelled, so a CPU profile separates the runs: go tool pprof
 		// -tagfocus target=edge-agent.
 		pprof.Do(context.Background(), pprof.Labels("target", "echo"), func(context.Context) {
-			echo, err = measure(broker, n, dur, nil)
+			echo, err = measure(broker, n, dur, target{bins: bins})
 		})
 		if err != nil {
 			return fmt.Errorf("echo, %d devices: %w", n, err)
 		}
 		fmt.Printf("%-8d %-12s %10.0f %9s %9s\n", n, "echo", echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond))
 		pprof.Do(context.Background(), pprof.Labels("target", "edge-agent"), func(context.Context) {
-			ag, err = measure(broker, n, dur, &agentTarget{dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
+			ag, err = measure(broker, n, dur, target{bins: bins, agent: true, dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
 		})
 		if err != nil {
 			return fmt.Errorf("edge-agent, %d devices: %w", n, err)
@@ -110,7 +136,12 @@ func run(dur time.Duration, devList, out string) error {
 			return err
 		}
 		defer f.Close()
-		fmt.Fprintf(f, "\nEnd to end through mosquitto, %s per run, `go run ./cmd/edge-bench -duration %s -devices %s`, %s:\n\n", dur, dur, devList, time.Now().UTC().Format("2006-01-02"))
+		how := "agent, firmware-sim and echo as processes of their own"
+		flags := ""
+		if inProcess {
+			how, flags = "everything in one process", " -inprocess"
+		}
+		fmt.Fprintf(f, "\nEnd to end through mosquitto (%s), %s per run, `go run ./cmd/edge-bench%s -duration %s -devices %s`, %s:\n\n", how, dur, flags, dur, devList, time.Now().UTC().Format("2006-01-02"))
 		fmt.Fprintln(f, "| devices | echo cmds/s | echo p50 | echo p99 | agent cmds/s | agent p50 | agent p99 | agent/echo |")
 		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|")
 		for _, r := range rows {
@@ -205,21 +236,38 @@ func startEcho(broker string) (func(), error) {
 	return func() { c.Disconnect(100) }, nil
 }
 
+// target is what answers the commands: the echo baseline or edge-agent,
+// in this process or as processes built into bins.
+type target struct {
+	bins  string // "" with -inprocess
+	agent bool
+	dir   string
+}
+
+func (t target) start(broker string, n int) (func(), error) {
+	switch {
+	case inProcess && !t.agent:
+		return startEcho(broker)
+	case inProcess:
+		at := &agentTarget{dir: t.dir}
+		if err := at.start(broker, n); err != nil {
+			return nil, err
+		}
+		return at.stop, nil
+	case !t.agent:
+		return startEchoProcess(broker)
+	}
+	return startAgentProcesses(t.bins, t.dir, broker, n)
+}
+
 // measure runs n closed-loop controllers (one per device, one command in
 // flight each) for dur and reports throughput and latency.
-func measure(broker string, n int, dur time.Duration, t *agentTarget) (stats, error) {
-	if t == nil {
-		stop, err := startEcho(broker)
-		if err != nil {
-			return stats{}, err
-		}
-		defer stop()
-	} else {
-		if err := t.start(broker, n); err != nil {
-			return stats{}, err
-		}
-		defer t.stop()
+func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
+	stopTarget, err := t.start(broker, n)
+	if err != nil {
+		return stats{}, err
 	}
+	defer stopTarget()
 	run := time.Now().UnixNano()
 	var mu sync.Mutex
 	waiting := map[string]chan struct{}{}

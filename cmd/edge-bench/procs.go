@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// buildBinaries builds edge-agent and firmware-sim into dir/bin.
+func buildBinaries(dir string) (string, error) {
+	bin := filepath.Join(dir, "bin")
+	for _, pkg := range []string{"./cmd/edge-agent", "./firmware-sim"} {
+		cmd := exec.Command("go", "build", "-o", bin+"/", pkg)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("go build %s (run from the repository root): %w", pkg, err)
+		}
+	}
+	return bin, nil
+}
+
+// startEchoProcess runs this binary as the echo baseline (-echo); closing
+// its stdin stops it.
+func startEchoProcess(broker string) (func(), error) {
+	cmd := exec.Command(os.Args[0], "-echo", broker)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("echo process did not start: %q %v", line, err)
+	}
+	return func() { in.Close(); waitOrKill(cmd, 5*time.Second) }, nil
+}
+
+// startAgentProcesses runs firmware-sim and edge-agent (with every commit
+// fsynced, as configured by default) as processes, the agent's admin API on
+// a free port to wait for /readyz.
+func startAgentProcesses(bins, dir, broker string, n int) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var devs []string
+	for i := 0; i < n; i++ {
+		devs = append(devs, fmt.Sprintf("d%d:generic", i))
+	}
+	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--devices", strings.Join(devs, ","))
+	out, err := simCmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	// One log line per applied write goes to stderr: discarded here.
+	if err := simCmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	url := strings.TrimSpace(strings.TrimPrefix(line, "firmware-sim listening on "))
+	if err != nil || !strings.HasPrefix(url, "http://") {
+		waitOrKill(simCmd, time.Second)
+		return nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
+	}
+	go io.Copy(io.Discard, out)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		waitOrKill(simCmd, time.Second)
+		return nil, err
+	}
+	admin := l.Addr().String()
+	l.Close()
+	var b strings.Builder
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: %s\ndevices:\n", gw, filepath.Join(dir, "data"), broker, n, admin)
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "  - id: d%d\n    type: generic\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, url)
+	}
+	cfg := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
+		waitOrKill(simCmd, time.Second)
+		return nil, err
+	}
+	agentCmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
+	agentCmd.Stderr = os.Stderr
+	if err := agentCmd.Start(); err != nil {
+		waitOrKill(simCmd, time.Second)
+		return nil, err
+	}
+	stop := func() {
+		waitOrKill(agentCmd, 10*time.Second)
+		waitOrKill(simCmd, 5*time.Second)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return stop, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("edge-agent not ready on %s within 20s", admin)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitOrKill sends SIGTERM and waits, then kills.
+func waitOrKill(cmd *exec.Cmd, within time.Duration) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(within):
+		cmd.Process.Kill()
+		<-done
+	}
+}
