@@ -48,6 +48,11 @@ func BenchmarkCommit(b *testing.B) {
 }
 
 func runWriters(b *testing.B, w int, write func(dev string, i int64) error) {
+	runWritersAs(b, w, "commits/s", write)
+}
+
+// runWritersAs runs w writers until b.N writes and reports writes/s as unit.
+func runWritersAs(b *testing.B, w int, unit string, write func(dev string, i int64) error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -70,7 +75,7 @@ func runWriters(b *testing.B, w int, write func(dev string, i int64) error) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "commits/s")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), unit)
 }
 
 // BenchmarkCommandPath replays the store writes of one command on the
@@ -158,8 +163,7 @@ func BenchmarkCommandPath(b *testing.B) {
 			}
 			st := s.DB().Stats()
 			commits, writes := s.Commits(), st.TxStats.GetWrite()
-			runWriters(b, devs, cmd)
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cmds/s")
+			runWritersAs(b, devs, "cmds/s", cmd)
 			c := s.Commits() - commits
 			st = s.DB().Stats()
 			b.ReportMetric(float64(st.TxStats.GetWrite()-writes)/float64(c), "pages/commit")
