@@ -394,7 +394,7 @@ func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 		// The ordered store resends our unacknowledged publishes in the
 		// order they were made after a reconnect (the plain memory
 		// store's order is random).
-		SetStore(paho.NewOrderedMemoryStore()).
+		SetStore(newStore()).
 		// Registered before Connect: a persistent session's queued
 		// messages may arrive right after CONNACK, before any SUBSCRIBE.
 		SetDefaultPublishHandler(c.onMessage).

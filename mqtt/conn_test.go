@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/eclipse/paho.mqtt.golang/packets"
 )
 
 func tcpPair(t *testing.T) (client, server net.Conn) {
@@ -99,5 +101,26 @@ func TestBufConnWriteFailureReachesReader(t *testing.T) {
 	}
 	if _, err := b.Write([]byte("again")); err == nil {
 		t.Error("a Write after the failure succeeded")
+	}
+}
+
+// resume() may set DUP on what Get returns while the packet stored by
+// Publish is being written: Get must hand out a copy (paho issue #703).
+func TestStoreGetCopiesPublishes(t *testing.T) {
+	s := newStore()
+	s.Open()
+	p := packets.NewControlPacket(packets.Publish).(*packets.PublishPacket)
+	p.Qos, p.MessageID, p.TopicName, p.Payload = 1, 7, "a/b", []byte("x")
+	s.Put("o.7", p)
+	got := s.Get("o.7").(*packets.PublishPacket)
+	if got == p {
+		t.Fatal("Get returned the stored packet itself")
+	}
+	got.Dup = true
+	if p.Dup || got.TopicName != "a/b" || string(got.Payload) != "x" || got.MessageID != 7 || got.Qos != 1 {
+		t.Fatalf("copy %+v, stored %+v", got, p)
+	}
+	if keys := s.All(); len(keys) != 1 || keys[0] != "o.7" {
+		t.Fatalf("All = %v", keys)
 	}
 }
