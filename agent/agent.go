@@ -344,6 +344,16 @@ func mustJSON(v any) []byte {
 	return b
 }
 
+// resultJSON encodes a Result (wire.MarshalResult: json.Marshal's bytes,
+// without reflection; it runs inside the group commit).
+func resultJSON(r wire.Result) []byte {
+	b, err := wire.MarshalResult(r)
+	if err != nil {
+		panic(err) // only a time outside years 0-9999, which the agent never stamps
+	}
+	return b
+}
+
 // publishState publishes a device's retained DeviceState (after the commit
 // that changed it).
 func (a *Agent) publishState(dev string, d store.Device) {
@@ -353,7 +363,15 @@ func (a *Agent) publishState(dev string, d store.Device) {
 	}
 	ds := wire.DeviceState{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID, State: st, At: a.now().UTC()}
 	a.pub.push(pubItem{topic: wire.StateTopic(a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID, dev),
-		payload: mustJSON(ds), dev: dev, retained: true})
+		payload: stateJSON(ds), dev: dev, retained: true})
+}
+
+func stateJSON(ds wire.DeviceState) []byte {
+	b, err := wire.MarshalDeviceState(ds)
+	if err != nil {
+		panic(err) // as resultJSON
+	}
+	return b
 }
 
 func (a *Agent) sweepLoop() {

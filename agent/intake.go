@@ -286,7 +286,7 @@ func (a *Agent) ackLoop() {
 func (a *Agent) answerNow(topic string, r wire.Result) {
 	a.m.answered(r.Code)
 	done := make(chan struct{})
-	a.pub.push(pubItem{topic: topic, payload: mustJSON(r), dev: r.Device, done: done})
+	a.pub.push(pubItem{topic: topic, payload: resultJSON(r), dev: r.Device, done: done})
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):

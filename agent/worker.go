@@ -537,7 +537,7 @@ func (w *worker) drop(rt *devRT, o store.Op, code wire.Code, reason string, rais
 // visible; recorded before published).
 func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64) error {
 	ob := store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
-		Payload: mustJSON(resultOf(*o, lastFence, false)), Device: o.Device}
+		Payload: resultJSON(resultOf(*o, lastFence, false)), Device: o.Device}
 	if o.Status != "" {
 		ob.OpID = o.OpID
 		if err := tx.PutOp(*o); err != nil {
