@@ -7,6 +7,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -311,10 +312,12 @@ func TestStopDuringFastPathAdmissionSendsTheWrite(t *testing.T) {
 	var slow atomic.Bool
 	inCommit := make(chan struct{})
 	var once sync.Once
+	var commitEnd atomic.Int64
 	e.failCommit = func() error {
 		if slow.Load() {
 			once.Do(func() { close(inCommit) })
 			time.Sleep(300 * time.Millisecond) // a slow fsync
+			commitEnd.CompareAndSwap(0, time.Now().UnixNano())
 		}
 		return nil
 	}
@@ -326,7 +329,11 @@ func TestStopDuringFastPathAdmissionSendsTheWrite(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the admission never reached the store")
 	}
+	stopAt := time.Now().UnixNano()
 	e.stop()
+	if end := commitEnd.Load(); end == 0 || stopAt >= end {
+		t.Fatalf("the stop did not come while the admission was being committed (stop %d, commit end %d)", stopAt, end)
+	}
 	if got := e.journalOps(); fmt.Sprint(got) != "[op-1]" {
 		t.Fatalf("journal after the stop: %v, want [op-1] (the write in hand is sent)", got)
 	}
@@ -345,5 +352,41 @@ func TestStopDuringFastPathAdmissionSendsTheWrite(t *testing.T) {
 		if r.Status == wire.StatusUnknown {
 			t.Errorf("an unknown Result was published for a write that was sent and applied: %+v", r)
 		}
+	}
+}
+
+// Invariant 3 on the fast path: a command decided in its admission's
+// commit is not sent before that commit is durable. The admission's commit
+// is slowed down and then fails: the device must never see the write
+// (without the worker's wait for the commit, it is written while the
+// commit is still under way).
+func TestFastPathSendsNothingBeforeItsCommit(t *testing.T) {
+	e := newEnv(t, pump("p1"))
+	var armed atomic.Bool
+	var injected atomic.Int32
+	e.failCommit = func() error {
+		if !armed.CompareAndSwap(true, false) {
+			return nil
+		}
+		time.Sleep(300 * time.Millisecond) // a slow fsync...
+		injected.Add(1)
+		return errors.New("injected commit failure") // ...that fails
+	}
+	a := e.start()
+	armed.Store(true)
+	e.send("p1", cmd("op-1", 5, "set", `{"rpm":100}`))
+	select {
+	case <-a.Failed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not stop on the failed commit")
+	}
+	if injected.Load() != 1 || !strings.Contains(fmt.Sprint(a.Err()), "injected commit failure") {
+		t.Fatalf("the fault did not happen as planned: injected %d, agent error %v", injected.Load(), a.Err())
+	}
+	if got := e.journalOps(); len(got) != 0 {
+		t.Fatalf("the device was written before (and without) the admission's commit: %v", got)
+	}
+	if n := e.res.count("op-1"); n != 0 {
+		t.Fatalf("%d Results published after a failed commit", n)
 	}
 }
