@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -165,17 +164,9 @@ func (a *Agent) admit(d Delivery) *arrival {
 			// Invariant 1: a fence below last_fence is left to the
 			// worker, which rejects it.
 			if o.Fence >= d.LastFence {
-				o.ParamsSent = o.Params
-				if len(o.ParamsSent) == 0 {
-					o.ParamsSent = json.RawMessage("{}")
-				}
-				o.Status, o.Keys = store.OpPending, 1
-				o.Key = fmt.Sprintf("%s.%d.%s", o.OpID, o.Keys, a.keyRand())
-				if o.Fence > d.LastFence {
-					d.LastFence, d.UpdatedAt = o.Fence, now.UTC()
-					if err := tx.PutDevice(dev, d); err != nil {
-						return err
-					}
+				o.ParamsSent = stateOrEmpty(o.Params)
+				if err := a.pendTx(tx, &o, &d, true); err != nil {
+					return err
 				}
 				ready := make(chan struct{})
 				tx.OnCommit(func() { close(ready) })

@@ -199,10 +199,7 @@ func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
 	if o.Action == wire.ActionFence {
 		return w.finish(rt, o, wire.CodeOK, fmt.Sprintf("barrier: last_fence is now %d", max(o.Fence, d.LastFence)), true, nil)
 	}
-	params := o.Params
-	if len(params) == 0 {
-		params = json.RawMessage("{}")
-	}
+	params := stateOrEmpty(o.Params)
 	dec, err := a.o.Policy.Evaluate(a.ctx, o.Device, policy.Input{
 		Device:    policy.DeviceRef{ID: o.Device, Type: rt.cfg.Type},
 		Command:   policy.CommandView{OpID: o.OpID, Fence: o.Fence, Action: o.Action, Params: params, Holder: o.Holder},
@@ -253,13 +250,13 @@ func (w *worker) decided(rt *devRT, o store.Op, e item) (bool, error) {
 	case <-a.ctx.Done():
 		return false, errStopping // pending, if it became durable: recovery resolves it
 	}
-	if old := rt.lastFence.Swap(e.dev.LastFence); old != e.dev.LastFence {
-		a.publishState(o.Device, e.dev)
-	}
+	a.fenceKnown(rt, o.Device, e.dev)
 	a.crash("after_pending", o.OpID)
 	return w.write(rt, o)
 }
 
+// stateOrEmpty is s, or the empty object when s is empty (a state, or
+// params).
 func stateOrEmpty(s json.RawMessage) json.RawMessage {
 	if len(s) == 0 {
 		return json.RawMessage("{}")
@@ -271,31 +268,45 @@ func stateOrEmpty(s json.RawMessage) json.RawMessage {
 // when raise is set) before the write under it is sent.
 func (w *worker) newKey(rt *devRT, o *store.Op, raise bool) error {
 	a := w.a
-	o.Keys++
-	o.Key = fmt.Sprintf("%s.%d.%s", o.OpID, o.Keys, a.keyRand())
-	o.Status = store.OpPending
 	var d store.Device
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		if d, _, err = tx.Device(o.Device); err != nil {
 			return err
 		}
-		if raise && o.Fence > d.LastFence {
-			d.LastFence = o.Fence
-			d.UpdatedAt = a.now().UTC()
-			if err := tx.PutDevice(o.Device, d); err != nil {
-				return err
-			}
+		if err := a.pendTx(tx, o, &d, raise); err != nil {
+			return err
 		}
 		return tx.PutOp(*o)
 	})
 	if err != nil {
 		return err
 	}
-	if old := rt.lastFence.Swap(d.LastFence); old != d.LastFence {
-		a.publishState(o.Device, d)
+	a.fenceKnown(rt, o.Device, d)
+	return nil
+}
+
+// pendTx makes o pending under a new idempotency key in tx and, with raise,
+// raises last_fence to o.Fence in d, the device's record in tx (invariant
+// 3: both are durable before the write under the key is sent). The caller
+// writes o.
+func (a *Agent) pendTx(tx *store.Tx, o *store.Op, d *store.Device, raise bool) error {
+	o.Keys++
+	o.Key = fmt.Sprintf("%s.%d.%s", o.OpID, o.Keys, a.keyRand())
+	o.Status = store.OpPending
+	if raise && o.Fence > d.LastFence {
+		d.LastFence, d.UpdatedAt = o.Fence, a.now().UTC()
+		return tx.PutDevice(o.Device, *d)
 	}
 	return nil
+}
+
+// fenceKnown records a committed last_fence of rt's device (d) in memory and
+// publishes the device's state when it moved.
+func (a *Agent) fenceKnown(rt *devRT, dev string, d store.Device) {
+	if old := rt.lastFence.Swap(d.LastFence); old != d.LastFence {
+		a.publishState(dev, d)
+	}
 }
 
 func (a *Agent) keyRand() string {

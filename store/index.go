@@ -145,19 +145,21 @@ func (x *opIndex) due() bool {
 // flush writes the pending entries to opidx in btx (the commit goroutine,
 // after the batch's updates).
 func (x *opIndex) flush(btx *bolt.Tx) error {
+	type entry struct {
+		key string
+		seq uint64
+	}
 	x.mu.Lock()
-	keys := make([]string, 0, len(x.pending))
-	for k := range x.pending {
-		keys = append(keys, k)
+	es := make([]entry, 0, len(x.pending))
+	for k, seq := range x.pending {
+		es = append(es, entry{k, seq})
 	}
 	x.mu.Unlock()
-	sort.Strings(keys)
+	// In key order: bbolt then walks each leaf once.
+	sort.Slice(es, func(i, j int) bool { return es[i].key < es[j].key })
 	b := btx.Bucket(bucketOpIndex)
-	for _, k := range keys {
-		x.mu.Lock()
-		seq := x.pending[k]
-		x.mu.Unlock()
-		if err := b.Put([]byte(k), u64(seq)); err != nil {
+	for _, e := range es {
+		if err := b.Put([]byte(e.key), u64(e.seq)); err != nil {
 			return err
 		}
 	}

@@ -305,9 +305,9 @@ func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max 
 	} else {
 		k, v = c.First()
 	}
-	var next uint64
-	for scanned := 0; k != nil && len(del) < max; k, v = c.Next() {
-		if scanned++; scanned > 16*max {
+	var next uint64 // where the next sweep resumes; 0: from the oldest
+	for scanned := 0; k != nil; k, v = c.Next() {
+		if scanned++; scanned > 16*max || len(del) >= max {
 			next = binary.BigEndian.Uint64(k)
 			break
 		}
@@ -337,9 +337,6 @@ func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max 
 			continue
 		}
 		del = append(del, o)
-	}
-	if k != nil && len(del) >= max {
-		next = binary.BigEndian.Uint64(k)
 	}
 	for _, o := range del {
 		if err := t.deleteOp(o.Device, o.OpID, o.InboxSeq); err != nil {

@@ -89,90 +89,106 @@ func (s *scan) lit(w string) bool {
 	return true
 }
 
-// object scans an object at s.i; keep says whether to return its members.
-func (s *scan) object(depth int, keep bool) ([]member, bool) {
+// members walks the object at s.i ('{'): for each member it scans the key
+// (which must have no escape) and calls each with it, quotes included, and
+// s.i at the value, which each must scan. False: not sure (see above).
+func (s *scan) members(each func(key []byte) bool) bool {
 	s.i++ // '{'
 	s.ws()
-	var ms []member
-	var keys []string
 	if s.i < len(s.b) && s.b[s.i] == '}' {
 		s.i++
-		return ms, true
+		return true
 	}
 	for {
 		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return nil, false
+			return false
 		}
-		raw, esc, ok := s.str()
+		key, esc, ok := s.str()
 		if !ok || esc {
-			return nil, false
+			return false
 		}
-		k := string(raw[1 : len(raw)-1])
-		for _, seen := range keys {
-			if seen == k {
-				return nil, false // duplicate: the reference path names it
-			}
-		}
-		keys = append(keys, k)
 		s.ws()
 		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return nil, false
+			return false
 		}
 		s.i++
 		s.ws()
-		start := s.i
-		if !s.value(depth + 1) {
-			return nil, false
+		if !each(key) {
+			return false
 		}
-		if keep {
-			ms = append(ms, member{key: k, val: s.b[start:s.i]})
-		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return nil, false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.ws()
-		case '}':
-			s.i++
-			return ms, true
-		default:
-			return nil, false
-		}
-		if len(keys) > 64 {
-			return nil, false // the reference path's map is cheaper than this scan
+		if more, ok := s.next('}'); !more {
+			return ok
 		}
 	}
 }
 
-func (s *scan) array(depth int) bool {
+// elements walks the array at s.i ('['), calling each with s.i at every
+// element, which each must scan.
+func (s *scan) elements(each func(n int) bool) bool {
 	s.i++ // '['
 	s.ws()
 	if s.i < len(s.b) && s.b[s.i] == ']' {
 		s.i++
 		return true
 	}
-	for {
+	for n := 0; ; n++ {
+		if !each(n) {
+			return false
+		}
+		if more, ok := s.next(']'); !more {
+			return ok
+		}
+	}
+}
+
+// next consumes what follows a member or element: a ',' (more: another
+// one follows) or the closing bracket end (ok, not more); anything else is
+// not ok.
+func (s *scan) next(end byte) (more, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false, false
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		s.ws()
+		return true, true
+	case end:
+		s.i++
+		return false, true
+	}
+	return false, false
+}
+
+// object scans an object at s.i; keep says whether to return its members.
+func (s *scan) object(depth int, keep bool) ([]member, bool) {
+	var ms []member
+	var keys []string
+	ok := s.members(func(raw []byte) bool {
+		k := string(raw[1 : len(raw)-1])
+		for _, seen := range keys {
+			if seen == k {
+				return false // duplicate: the reference path names it
+			}
+		}
+		if keys = append(keys, k); len(keys) > 64 {
+			return false // the reference path's map is cheaper than this scan
+		}
+		start := s.i
 		if !s.value(depth + 1) {
 			return false
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
+		if keep {
+			ms = append(ms, member{key: k, val: s.b[start:s.i]})
 		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.ws()
-		case ']':
-			s.i++
-			return true
-		default:
-			return false
-		}
-	}
+		return true
+	})
+	return ms, ok
+}
+
+func (s *scan) array(depth int) bool {
+	return s.elements(func(int) bool { return s.value(depth + 1) })
 }
 
 // str scans a string at s.i and returns it with its quotes; esc says
@@ -315,36 +331,16 @@ func (s *scan) canon(out []byte, depth int) ([]byte, bool) {
 	case c == '{':
 		return s.canonObject(out, depth)
 	case c == '[':
-		s.i++
-		s.ws()
 		out = append(out, '[')
-		if s.i < len(s.b) && s.b[s.i] == ']' {
-			s.i++
-			return append(out, ']'), true
-		}
-		for n := 0; ; n++ {
+		ok := s.elements(func(n int) bool {
 			if n > 0 {
 				out = append(out, ',')
 			}
 			var ok bool
-			if out, ok = s.canon(out, depth+1); !ok {
-				return nil, false
-			}
-			s.ws()
-			if s.i >= len(s.b) {
-				return nil, false
-			}
-			switch s.b[s.i] {
-			case ',':
-				s.i++
-				s.ws()
-			case ']':
-				s.i++
-				return append(out, ']'), true
-			default:
-				return nil, false
-			}
-		}
+			out, ok = s.canon(out, depth+1)
+			return ok
+		})
+		return append(out, ']'), ok
 	case c == '"':
 		raw, esc, ok := s.str()
 		if !ok || esc || !plainString(raw) {
@@ -368,49 +364,21 @@ func (s *scan) canon(out []byte, depth int) ([]byte, bool) {
 }
 
 func (s *scan) canonObject(out []byte, depth int) ([]byte, bool) {
-	s.i++ // '{'
-	s.ws()
 	type kv struct {
 		key []byte // with quotes
 		val []byte // canonical
 	}
 	var ms []kv
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		return append(out, "{}"...), true
-	}
-	for {
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return nil, false
+	ok := s.members(func(key []byte) bool {
+		if !plainString(key) {
+			return false
 		}
-		raw, esc, ok := s.str()
-		if !ok || esc || !plainString(raw) {
-			return nil, false
-		}
-		s.ws()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return nil, false
-		}
-		s.i++
-		s.ws()
 		val, ok := s.canon(nil, depth+1)
-		if !ok {
-			return nil, false
-		}
-		ms = append(ms, kv{raw, val})
-		s.ws()
-		if s.i >= len(s.b) {
-			return nil, false
-		}
-		if s.b[s.i] == '}' {
-			s.i++
-			break
-		}
-		if s.b[s.i] != ',' {
-			return nil, false
-		}
-		s.i++
-		s.ws()
+		ms = append(ms, kv{key, val})
+		return ok
+	})
+	if !ok {
+		return nil, false
 	}
 	// Keys sort as Go strings (without their quotes: '"' sorts after ' '
 	// and '!').

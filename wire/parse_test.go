@@ -179,6 +179,7 @@ func FuzzFastPathAgrees(f *testing.F) {
 		`{"op_id":"a","fence":1,"action":"set","params":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}`,
 		`{"op_id":"a","fence":1,"action":"set","params":{"s":"tab	in"}}`,
 		`{"v":1,"op_id":"a","fence":1,"action":"set","expires_at":"2030-01-01T00:00:00.5+02:00"}`,
+		`{"op_id":"a","fence":1,"action":"set","params":{"a":{}x}}`, `{"op_id":"a","fence":1,"action":"set","params":{"a":[[]x]}}`,
 	} {
 		f.Add([]byte(s))
 	}
