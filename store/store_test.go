@@ -428,3 +428,55 @@ func TestOpIndexReaderAcrossFlush(t *testing.T) {
 		t.Error("a reader from before the flush lost op-7")
 	}
 }
+
+// Records that must be kept (a quiet device's last keep_last) do not stop
+// the sweep from reaching deletable records behind them: each sweep
+// resumes where the previous one stopped (it looks at 16*max records).
+func TestSweepResumesPastKeptRecords(t *testing.T) {
+	s := openTest(t, nil)
+	ctx := context.Background()
+	old := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := s.Update(ctx, func(tx *Tx) error {
+		for i := 0; i < 40; i++ { // kept: q has only these 40
+			if err := tx.PutOp(finalOp("q", fmt.Sprintf("q%d", i), old)); err != nil {
+				return err
+			}
+		}
+		for i := 0; i < 50; i++ { // p's first 10 may go
+			if err := tx.PutOp(finalOp("p", fmt.Sprintf("p%d", i), old)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	now := old.Add(30 * 24 * time.Hour)
+	total := 0
+	for sweeps := 0; sweeps < 20 && total < 10; sweeps++ {
+		if err := s.Update(ctx, func(tx *Tx) error {
+			n, err := tx.Sweep(now, 7*24*time.Hour, 40, 2) // 32 records looked at per sweep
+			total += n
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if total != 10 {
+		t.Fatalf("deleted %d records in 20 sweeps, want p's 10 oldest", total)
+	}
+	s.View(func(tx *Tx) error {
+		for _, gone := range []string{"p0", "p9"} {
+			if _, ok, _ := tx.Op("p", gone); ok {
+				t.Errorf("%s kept", gone)
+			}
+		}
+		for _, kept := range []string{"p10", "q0", "q39"} {
+			dev := kept[:1]
+			if _, ok, _ := tx.Op(dev, kept); !ok {
+				t.Errorf("%s deleted", kept)
+			}
+		}
+		return nil
+	})
+}
