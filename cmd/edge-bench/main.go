@@ -9,7 +9,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/app"
 	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/configs"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/mqtt"
 	"github.com/edge-agent/edge-agent/wire"
@@ -350,7 +350,8 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 }
 
 // startMosquitto runs mosquitto with the shipped configs/mosquitto.conf,
-// its listener moved to a free loopback port and its data to dir.
+// its listener moved to a free loopback port and its data to dir
+// (configs.LocalMosquittoConf, as the tests' mqtttest.StartMosquitto).
 func startMosquitto(dir string) (string, func(), error) {
 	bin := "/usr/sbin/mosquitto"
 	if _, err := os.Stat(bin); err != nil {
@@ -364,31 +365,12 @@ func startMosquitto(dir string) (string, func(), error) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	src, err := os.Open("configs/mosquitto.conf")
+	conf, err := configs.LocalMosquittoConf(port, dir, "stderr", os.Geteuid() == 0, "log_type error")
 	if err != nil {
-		return "", nil, fmt.Errorf("run from the repository root: %w", err)
-	}
-	defer src.Close()
-	var conf strings.Builder
-	sc := bufio.NewScanner(src)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		switch {
-		case len(f) > 0 && f[0] == "listener":
-			fmt.Fprintf(&conf, "listener %d 127.0.0.1\n", port)
-		case len(f) > 0 && f[0] == "persistence_location":
-			fmt.Fprintf(&conf, "persistence_location %s/\n", dir)
-		case len(f) > 0 && (f[0] == "log_dest" || f[0] == "log_type" || f[0] == "user"):
-		default:
-			conf.WriteString(sc.Text() + "\n")
-		}
-	}
-	conf.WriteString("log_dest stderr\nlog_type error\n")
-	if os.Geteuid() == 0 {
-		conf.WriteString("user root\n")
+		return "", nil, err
 	}
 	cp := filepath.Join(dir, "mosquitto.conf")
-	if err := os.WriteFile(cp, []byte(conf.String()), 0o600); err != nil {
+	if err := os.WriteFile(cp, conf, 0o600); err != nil {
 		return "", nil, err
 	}
 	cmd := exec.Command(bin, "-c", cp)
