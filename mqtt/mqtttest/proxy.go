@@ -1,17 +1,22 @@
 package mqtttest
 
 import (
-	"io"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
-// Proxy forwards TCP connections from a free loopback port to a broker.
-// Cut drops every connection through it at once, which both ends see as
-// an ungraceful disconnect: the broker sends the client's last will, and
-// the client reconnects (through the proxy, which keeps accepting).
+// Proxy forwards TCP connections from a free loopback port to a broker
+// (or any TCP server: controller/etcdtest uses it for etcd).
+//   - Cut drops every connection through it at once, which both ends see
+//     as an ungraceful disconnect: the broker sends the client's last
+//     will, and the client reconnects (through the proxy, which keeps
+//     accepting).
+//   - Pause holds every byte read in either direction until Resume, as if
+//     the network (or the client process) froze: a client paused this way
+//     sends nothing its server sees (an etcd lease runs out for real).
 type Proxy struct {
 	t      testing.TB
 	ln     net.Listener
@@ -20,8 +25,12 @@ type Proxy struct {
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
 	closed  bool
-	refused bool // Refuse(true): new connections are closed at once
+	refused bool          // Refuse(true): new connections are closed at once
+	paused  bool          // Pause: reads are held
+	gate    chan struct{} // closed while not paused
 	wg      sync.WaitGroup
+
+	held atomic.Int64 // reads that had to wait for a Resume
 }
 
 // Refuse makes the proxy close new connections at once (true) or forward
@@ -41,7 +50,9 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatalf("mqtttest: proxy: %v", err)
 	}
-	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(target, "tcp://"), conns: map[net.Conn]struct{}{}}
+	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(target, "tcp://"), conns: map[net.Conn]struct{}{},
+		gate: make(chan struct{})}
+	close(p.gate)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -49,7 +60,34 @@ func NewProxy(t testing.TB, target string) *Proxy {
 }
 
 // URL is the proxy's tcp://127.0.0.1:port.
-func (p *Proxy) URL() string { return "tcp://" + p.ln.Addr().String() }
+func (p *Proxy) URL() string { return "tcp://" + p.Addr() }
+
+// Addr is the proxy's 127.0.0.1:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Pause holds all traffic until Resume.
+func (p *Proxy) Pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.paused {
+		p.paused = true
+		p.gate = make(chan struct{})
+	}
+}
+
+// Resume delivers held traffic and forwards again.
+func (p *Proxy) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused {
+		p.paused = false
+		close(p.gate)
+	}
+}
+
+// Held counts reads that were held by a pause: proof that the pause
+// actually stopped traffic.
+func (p *Proxy) Held() int64 { return p.held.Load() }
 
 func (p *Proxy) accept() {
 	defer p.wg.Done()
@@ -87,13 +125,33 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
+	defer func() {
+		_ = dst.Close()
+		_ = src.Close()
+		p.mu.Lock()
+		delete(p.conns, dst)
+		delete(p.conns, src)
+		p.mu.Unlock()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			gate, paused := p.gate, p.paused
+			p.mu.Unlock()
+			if paused {
+				p.held.Add(1)
+				<-gate
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // EOF or a closed connection: close both sides
+		}
+	}
 }
 
 // Cut closes every connection through the proxy (both sides, without a
@@ -112,6 +170,10 @@ func (p *Proxy) Cut() {
 func (p *Proxy) close() {
 	p.mu.Lock()
 	p.closed = true
+	if p.paused { // let held reads finish
+		p.paused = false
+		close(p.gate)
+	}
 	p.mu.Unlock()
 	_ = p.ln.Close()
 	p.Cut()
