@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/edge-agent/edge-agent/internal/jsonscan"
 )
 
 // The host encodes the input and decodes the output by hand: on the hot
@@ -136,17 +138,17 @@ func decodeOutput(b []byte) (Decision, error) {
 	bad := func(format string, args ...any) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: "+format, append([]any{ErrBadOutput}, args...)...)
 	}
-	p := &jsonParser{b: b}
-	p.ws()
-	if !p.eat('{') {
+	p := &jsonscan.Scanner{B: b}
+	p.WS()
+	if !p.Eat('{') {
 		return bad("not a JSON object")
 	}
 	var seenAllow, seenReason, seenParams bool
-	p.ws()
-	if !p.eat('}') {
+	p.WS()
+	if !p.Eat('}') {
 		for {
-			p.ws()
-			ks, ke, esc, ok := p.str()
+			p.WS()
+			ks, ke, esc, ok := p.Str()
 			if !ok {
 				return bad("invalid JSON")
 			}
@@ -154,11 +156,11 @@ func decodeOutput(b []byte) (Decision, error) {
 			if esc {
 				key = unquote(b[ks-1 : ke+1])
 			}
-			p.ws()
-			if !p.eat(':') {
+			p.WS()
+			if !p.Eat(':') {
 				return bad("invalid JSON")
 			}
-			p.ws()
+			p.WS()
 			switch key {
 			case "allow":
 				if seenAllow {
@@ -166,9 +168,9 @@ func decodeOutput(b []byte) (Decision, error) {
 				}
 				seenAllow = true
 				switch {
-				case p.lit("true"):
+				case p.Lit("true"):
 					d.Allow = true
-				case p.lit("false"):
+				case p.Lit("false"):
 				default:
 					return bad("\"allow\" is not a boolean")
 				}
@@ -177,7 +179,7 @@ func decodeOutput(b []byte) (Decision, error) {
 					return bad("duplicate key \"reason\"")
 				}
 				seenReason = true
-				s, e, esc, ok := p.str()
+				s, e, esc, ok := p.Str()
 				if !ok {
 					return bad("\"reason\" is not a string")
 				}
@@ -191,28 +193,28 @@ func decodeOutput(b []byte) (Decision, error) {
 					return bad("duplicate key \"params\"")
 				}
 				seenParams = true
-				start := p.i
-				if p.i >= len(b) || b[p.i] != '{' {
+				start := p.I
+				if p.I >= len(b) || b[p.I] != '{' {
 					return bad("\"params\" is not an object")
 				}
-				if !p.value(0) {
+				if !p.Value(0, maxDepth) {
 					return bad("invalid JSON in \"params\"")
 				}
-				d.Params = append(json.RawMessage(nil), b[start:p.i]...)
+				d.Params = append(json.RawMessage(nil), b[start:p.I]...)
 			default:
 				return bad("unexpected key %q", key)
 			}
-			p.ws()
-			if p.eat('}') {
+			p.WS()
+			if p.Eat('}') {
 				break
 			}
-			if !p.eat(',') {
+			if !p.Eat(',') {
 				return bad("invalid JSON")
 			}
 		}
 	}
-	p.ws()
-	if p.i != len(b) {
+	p.WS()
+	if p.I != len(b) {
 		return bad("data after the object")
 	}
 	if !seenAllow {
@@ -234,201 +236,7 @@ func unquote(q []byte) string {
 
 // validJSON reports whether b is exactly one JSON value (with surrounding
 // white space).
-func validJSON(b []byte) bool {
-	p := &jsonParser{b: b}
-	p.ws()
-	if !p.value(0) {
-		return false
-	}
-	p.ws()
-	return p.i == len(b)
-}
+func validJSON(b []byte) bool { return jsonscan.Valid(b, maxDepth) }
 
 // maxDepth bounds nesting, so a hostile document cannot exhaust the stack.
 const maxDepth = 1000
-
-// jsonParser is a small strict JSON validator over b (RFC 8259 grammar;
-// strings are not checked for valid UTF-8, as encoding/json.Valid).
-type jsonParser struct {
-	b []byte
-	i int
-}
-
-func (p *jsonParser) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-func (p *jsonParser) eat(c byte) bool {
-	if p.i < len(p.b) && p.b[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-func (p *jsonParser) lit(s string) bool {
-	if len(p.b)-p.i >= len(s) && string(p.b[p.i:p.i+len(s)]) == s {
-		p.i += len(s)
-		return true
-	}
-	return false
-}
-
-// str parses a string; it returns the bounds of its contents (without the
-// quotes) and whether it holds escapes.
-func (p *jsonParser) str() (start, end int, esc, ok bool) {
-	if !p.eat('"') {
-		return 0, 0, false, false
-	}
-	start = p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		switch {
-		case c == '"':
-			end = p.i
-			p.i++
-			return start, end, esc, true
-		case c == '\\':
-			esc = true
-			p.i++
-			if p.i >= len(p.b) {
-				return 0, 0, false, false
-			}
-			switch p.b[p.i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				p.i++
-			case 'u':
-				if len(p.b)-p.i < 5 {
-					return 0, 0, false, false
-				}
-				for _, h := range p.b[p.i+1 : p.i+5] {
-					if !isHex(h) {
-						return 0, 0, false, false
-					}
-				}
-				p.i += 5
-			default:
-				return 0, 0, false, false
-			}
-		case c < 0x20:
-			return 0, 0, false, false
-		default:
-			p.i++
-		}
-	}
-	return 0, 0, false, false
-}
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
-func (p *jsonParser) value(depth int) bool {
-	if p.i >= len(p.b) || depth > maxDepth {
-		return false
-	}
-	switch c := p.b[p.i]; {
-	case c == '{':
-		p.i++
-		p.ws()
-		if p.eat('}') {
-			return true
-		}
-		for {
-			p.ws()
-			if _, _, _, ok := p.str(); !ok {
-				return false
-			}
-			p.ws()
-			if !p.eat(':') {
-				return false
-			}
-			p.ws()
-			if !p.value(depth + 1) {
-				return false
-			}
-			p.ws()
-			if p.eat('}') {
-				return true
-			}
-			if !p.eat(',') {
-				return false
-			}
-		}
-	case c == '[':
-		p.i++
-		p.ws()
-		if p.eat(']') {
-			return true
-		}
-		for {
-			p.ws()
-			if !p.value(depth + 1) {
-				return false
-			}
-			p.ws()
-			if p.eat(']') {
-				return true
-			}
-			if !p.eat(',') {
-				return false
-			}
-		}
-	case c == '"':
-		_, _, _, ok := p.str()
-		return ok
-	case c == 't':
-		return p.lit("true")
-	case c == 'f':
-		return p.lit("false")
-	case c == 'n':
-		return p.lit("null")
-	default:
-		return p.number()
-	}
-}
-
-func (p *jsonParser) number() bool {
-	p.eat('-')
-	if p.i >= len(p.b) {
-		return false
-	}
-	switch c := p.b[p.i]; {
-	case c == '0':
-		p.i++
-	case c >= '1' && c <= '9':
-		p.digits()
-	default:
-		return false
-	}
-	if p.eat('.') {
-		if !p.digits() {
-			return false
-		}
-	}
-	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
-		p.i++
-		if !p.eat('+') {
-			p.eat('-')
-		}
-		if !p.digits() {
-			return false
-		}
-	}
-	return true
-}
-
-func (p *jsonParser) digits() bool {
-	start := p.i
-	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-		p.i++
-	}
-	return p.i > start
-}

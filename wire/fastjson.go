@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"sort"
 	"unicode/utf8"
+
+	"github.com/edge-agent/edge-agent/internal/jsonscan"
 )
 
 // The fast path of ParseCommand and Canonical: one pass over the bytes,
@@ -22,44 +24,42 @@ type member struct {
 	val []byte
 }
 
-type scan struct {
-	b []byte
-	i int
-}
+// scan is the project's JSON scanner (internal/jsonscan) with the walks
+// this parser needs.
+type scan struct{ jsonscan.Scanner }
 
-func (s *scan) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
+// str scans a string and returns it with its quotes; esc says whether it
+// holds an escape.
+func (s *scan) str() (raw []byte, esc bool, ok bool) {
+	start, end, esc, ok := s.Str()
+	if !ok {
+		return nil, false, false
 	}
+	return s.B[start-1 : end+1], esc, true
 }
 
 // fastObject validates b as one JSON object (nesting at most maxDepth, no
 // duplicate keys at any depth, nothing after it) and returns its members in
 // order; ok is false when it cannot be sure (see above).
 func fastObject(b []byte) (ms []member, ok bool) {
-	s := scan{b: b}
-	s.ws()
-	if s.i >= len(b) || b[s.i] != '{' {
+	s := scan{jsonscan.Scanner{B: b}}
+	s.WS()
+	if s.I >= len(b) || b[s.I] != '{' {
 		return nil, false
 	}
 	ms, ok = s.object(0, true)
 	if !ok {
 		return nil, false
 	}
-	s.ws()
-	return ms, s.i == len(b)
+	s.WS()
+	return ms, s.I == len(b)
 }
 
 func (s *scan) value(depth int) bool {
-	if depth > maxDepth || s.i >= len(s.b) {
+	if depth > maxDepth || s.I >= len(s.B) {
 		return false
 	}
-	switch c := s.b[s.i]; {
+	switch c := s.B[s.I]; {
 	case c == '{':
 		_, ok := s.object(depth, false)
 		return ok
@@ -69,50 +69,42 @@ func (s *scan) value(depth int) bool {
 		_, _, ok := s.str()
 		return ok
 	case c == '-' || (c >= '0' && c <= '9'):
-		_, ok := s.number()
+		_, ok := s.Number()
 		return ok
 	case c == 't':
-		return s.lit("true")
+		return s.Lit("true")
 	case c == 'f':
-		return s.lit("false")
+		return s.Lit("false")
 	case c == 'n':
-		return s.lit("null")
+		return s.Lit("null")
 	}
 	return false
 }
 
-func (s *scan) lit(w string) bool {
-	if len(s.b)-s.i < len(w) || string(s.b[s.i:s.i+len(w)]) != w {
-		return false
-	}
-	s.i += len(w)
-	return true
-}
-
-// members walks the object at s.i ('{'): for each member it scans the key
+// members walks the object at s.I ('{'): for each member it scans the key
 // (which must have no escape) and calls each with it, quotes included, and
-// s.i at the value, which each must scan. False: not sure (see above).
+// s.I at the value, which each must scan. False: not sure (see above).
 func (s *scan) members(each func(key []byte) bool) bool {
-	s.i++ // '{'
-	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
+	s.I++ // '{'
+	s.WS()
+	if s.I < len(s.B) && s.B[s.I] == '}' {
+		s.I++
 		return true
 	}
 	for {
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
+		if s.I >= len(s.B) || s.B[s.I] != '"' {
 			return false
 		}
 		key, esc, ok := s.str()
 		if !ok || esc {
 			return false
 		}
-		s.ws()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
+		s.WS()
+		if s.I >= len(s.B) || s.B[s.I] != ':' {
 			return false
 		}
-		s.i++
-		s.ws()
+		s.I++
+		s.WS()
 		if !each(key) {
 			return false
 		}
@@ -122,13 +114,13 @@ func (s *scan) members(each func(key []byte) bool) bool {
 	}
 }
 
-// elements walks the array at s.i ('['), calling each with s.i at every
+// elements walks the array at s.I ('['), calling each with s.I at every
 // element, which each must scan.
 func (s *scan) elements(each func(n int) bool) bool {
-	s.i++ // '['
-	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
-		s.i++
+	s.I++ // '['
+	s.WS()
+	if s.I < len(s.B) && s.B[s.I] == ']' {
+		s.I++
 		return true
 	}
 	for n := 0; ; n++ {
@@ -145,23 +137,23 @@ func (s *scan) elements(each func(n int) bool) bool {
 // one follows) or the closing bracket end (ok, not more); anything else is
 // not ok.
 func (s *scan) next(end byte) (more, ok bool) {
-	s.ws()
-	if s.i >= len(s.b) {
+	s.WS()
+	if s.I >= len(s.B) {
 		return false, false
 	}
-	switch s.b[s.i] {
+	switch s.B[s.I] {
 	case ',':
-		s.i++
-		s.ws()
+		s.I++
+		s.WS()
 		return true, true
 	case end:
-		s.i++
+		s.I++
 		return false, true
 	}
 	return false, false
 }
 
-// object scans an object at s.i; keep says whether to return its members.
+// object scans an object at s.I; keep says whether to return its members.
 func (s *scan) object(depth int, keep bool) ([]member, bool) {
 	var ms []member
 	var keys []string
@@ -175,12 +167,12 @@ func (s *scan) object(depth int, keep bool) ([]member, bool) {
 		if keys = append(keys, k); len(keys) > 64 {
 			return false // the reference path's map is cheaper than this scan
 		}
-		start := s.i
+		start := s.I
 		if !s.value(depth + 1) {
 			return false
 		}
 		if keep {
-			ms = append(ms, member{key: k, val: s.b[start:s.i]})
+			ms = append(ms, member{key: k, val: s.B[start:s.I]})
 		}
 		return true
 	})
@@ -189,96 +181,6 @@ func (s *scan) object(depth int, keep bool) ([]member, bool) {
 
 func (s *scan) array(depth int) bool {
 	return s.elements(func(int) bool { return s.value(depth + 1) })
-}
-
-// str scans a string at s.i and returns it with its quotes; esc says
-// whether it holds an escape. Payloads are valid UTF-8 (checked first).
-func (s *scan) str() (raw []byte, esc bool, ok bool) {
-	start := s.i
-	s.i++
-	for s.i < len(s.b) {
-		c := s.b[s.i]
-		switch {
-		case c == '"':
-			s.i++
-			return s.b[start:s.i], esc, true
-		case c < 0x20:
-			return nil, false, false
-		case c == '\\':
-			esc = true
-			if s.i+1 >= len(s.b) {
-				return nil, false, false
-			}
-			switch s.b[s.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.i += 2
-			case 'u':
-				if s.i+6 > len(s.b) {
-					return nil, false, false
-				}
-				for _, h := range s.b[s.i+2 : s.i+6] {
-					if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
-						return nil, false, false
-					}
-				}
-				s.i += 6
-			default:
-				return nil, false, false
-			}
-		default:
-			s.i++
-		}
-	}
-	return nil, false, false
-}
-
-// number scans a JSON number; plain says it is an integer written without
-// fraction, exponent or "-0" (its canonical form is itself).
-func (s *scan) number() (plain bool, ok bool) {
-	start := s.i
-	if s.b[s.i] == '-' {
-		s.i++
-	}
-	if s.i >= len(s.b) {
-		return false, false
-	}
-	switch c := s.b[s.i]; {
-	case c == '0':
-		s.i++
-	case c >= '1' && c <= '9':
-		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-			s.i++
-		}
-	default:
-		return false, false
-	}
-	plain = string(s.b[start:s.i]) != "-0"
-	if s.i < len(s.b) && s.b[s.i] == '.' {
-		plain = false
-		s.i++
-		if !s.digits() {
-			return false, false
-		}
-	}
-	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
-		plain = false
-		s.i++
-		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
-			s.i++
-		}
-		if !s.digits() {
-			return false, false
-		}
-	}
-	return plain, true
-}
-
-func (s *scan) digits() bool {
-	start := s.i
-	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-		s.i++
-	}
-	return s.i > start
 }
 
 // fastString decodes a JSON string token without escapes.
@@ -312,22 +214,22 @@ func fastCanonical(out, b []byte) ([]byte, bool) {
 	if !utf8.Valid(b) {
 		return nil, false
 	}
-	s := scan{b: b}
-	s.ws()
+	s := scan{jsonscan.Scanner{B: b}}
+	s.WS()
 	out, ok := s.canon(out, 0)
 	if !ok {
 		return nil, false
 	}
-	s.ws()
-	return out, s.i == len(b)
+	s.WS()
+	return out, s.I == len(b)
 }
 
 func (s *scan) canon(out []byte, depth int) ([]byte, bool) {
-	if depth > maxDepth || s.i >= len(s.b) {
+	if depth > maxDepth || s.I >= len(s.B) {
 		return nil, false
 	}
-	start := s.i
-	switch c := s.b[s.i]; {
+	start := s.I
+	switch c := s.B[s.I]; {
 	case c == '{':
 		return s.canonObject(out, depth)
 	case c == '[':
@@ -348,17 +250,17 @@ func (s *scan) canon(out []byte, depth int) ([]byte, bool) {
 		}
 		return append(out, raw...), true
 	case c == '-' || (c >= '0' && c <= '9'):
-		plain, ok := s.number()
+		plain, ok := s.Number()
 		if !ok || !plain {
 			return nil, false
 		}
-		return append(out, s.b[start:s.i]...), true
+		return append(out, s.B[start:s.I]...), true
 	case c == 't':
-		return append(out, "true"...), s.lit("true")
+		return append(out, "true"...), s.Lit("true")
 	case c == 'f':
-		return append(out, "false"...), s.lit("false")
+		return append(out, "false"...), s.Lit("false")
 	case c == 'n':
-		return append(out, "null"...), s.lit("null")
+		return append(out, "null"...), s.Lit("null")
 	}
 	return nil, false
 }

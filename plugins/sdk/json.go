@@ -7,6 +7,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/edge-agent/edge-agent/internal/jsonscan"
 )
 
 // zeroCopy is set during Decide: Str returns views into the buffer.
@@ -461,18 +463,18 @@ func ParseObject(b []byte) (Object, error) { return parseObject(b) }
 var errSyntax = errors.New("sdk: invalid JSON")
 
 func parseObject(b []byte) (Object, error) {
-	p := parser{b: b}
-	p.ws()
-	if p.i >= len(b) || b[p.i] != '{' {
+	p := jsonscan.Scanner{B: b}
+	p.WS()
+	if p.I >= len(b) || b[p.I] != '{' {
 		return Object{}, errSyntax
 	}
-	start := p.i
-	if !p.skip(0) {
+	start := p.I
+	if !p.Value(0, maxDepth) {
 		return Object{}, errSyntax
 	}
-	end := p.i
-	p.ws()
-	if p.i != len(b) {
+	end := p.I
+	p.WS()
+	if p.I != len(b) {
 		return Object{}, errSyntax
 	}
 	return Object{raw: b[start:end]}, nil
@@ -540,138 +542,6 @@ func skipValue(b []byte, i int) int {
 }
 
 const maxDepth = 512
-
-type parser struct {
-	b []byte
-	i int
-}
-
-func (p *parser) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-func (p *parser) eat(c byte) bool {
-	if p.i < len(p.b) && p.b[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-func (p *parser) lit(s string) bool {
-	if len(p.b)-p.i >= len(s) && string(p.b[p.i:p.i+len(s)]) == s {
-		p.i += len(s)
-		return true
-	}
-	return false
-}
-
-func (p *parser) str() (start, end int, esc, ok bool) {
-	if !p.eat('"') {
-		return 0, 0, false, false
-	}
-	start = p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		switch {
-		case c == '"':
-			end = p.i
-			p.i++
-			return start, end, esc, true
-		case c == '\\':
-			esc = true
-			p.i += 2
-		case c < 0x20:
-			return 0, 0, false, false
-		default:
-			p.i++
-		}
-	}
-	return 0, 0, false, false
-}
-
-// skip validates and skips one value.
-func (p *parser) skip(depth int) bool {
-	if p.i >= len(p.b) || depth > maxDepth {
-		return false
-	}
-	switch c := p.b[p.i]; {
-	case c == '{':
-		p.i++
-		p.ws()
-		if p.eat('}') {
-			return true
-		}
-		for {
-			p.ws()
-			if _, _, _, ok := p.str(); !ok {
-				return false
-			}
-			p.ws()
-			if !p.eat(':') {
-				return false
-			}
-			p.ws()
-			if !p.skip(depth + 1) {
-				return false
-			}
-			p.ws()
-			if p.eat('}') {
-				return true
-			}
-			if !p.eat(',') {
-				return false
-			}
-		}
-	case c == '[':
-		p.i++
-		p.ws()
-		if p.eat(']') {
-			return true
-		}
-		for {
-			p.ws()
-			if !p.skip(depth + 1) {
-				return false
-			}
-			p.ws()
-			if p.eat(']') {
-				return true
-			}
-			if !p.eat(',') {
-				return false
-			}
-		}
-	case c == '"':
-		_, _, _, ok := p.str()
-		return ok
-	case c == 't':
-		return p.lit("true")
-	case c == 'f':
-		return p.lit("false")
-	case c == 'n':
-		return p.lit("null")
-	default:
-		start := p.i
-		p.eat('-')
-		for p.i < len(p.b) {
-			c := p.b[p.i]
-			if c >= '0' && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
-				p.i++
-				continue
-			}
-			break
-		}
-		return p.i > start && p.b[p.i-1] >= '0' && p.b[p.i-1] <= '9'
-	}
-}
 
 // unquoteRaw decodes the text between a string's quotes.
 func unquoteRaw(b []byte) (string, bool) {

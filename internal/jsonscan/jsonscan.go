@@ -1,0 +1,217 @@
+// Package jsonscan is the project's one hand-written JSON scanner, shared
+// by the policy host (policy/codec.go), the plugin SDK (plugins/sdk, which
+// runs in wasm guests, where reflection is slow and every allocation
+// costs) and the fast path of the command parser (wire/fastjson.go). It
+// validates strictly (the RFC 8259 grammar; whether strings are valid
+// UTF-8 is the caller's affair, as with encoding/json.Valid), allocates
+// nothing, and leaves decoding to its callers.
+package jsonscan
+
+// Scanner reads B from I.
+type Scanner struct {
+	B []byte
+	I int
+}
+
+// WS skips white space.
+func (s *Scanner) WS() {
+	for s.I < len(s.B) {
+		switch s.B[s.I] {
+		case ' ', '\t', '\n', '\r':
+			s.I++
+		default:
+			return
+		}
+	}
+}
+
+// Eat consumes c if it is next.
+func (s *Scanner) Eat(c byte) bool {
+	if s.I < len(s.B) && s.B[s.I] == c {
+		s.I++
+		return true
+	}
+	return false
+}
+
+// Lit consumes the literal w (true, false, null) if it is next.
+func (s *Scanner) Lit(w string) bool {
+	if len(s.B)-s.I >= len(w) && string(s.B[s.I:s.I+len(w)]) == w {
+		s.I += len(w)
+		return true
+	}
+	return false
+}
+
+// Str scans a string; it returns the bounds of its contents (without the
+// quotes) and whether it holds escapes.
+func (s *Scanner) Str() (start, end int, esc, ok bool) {
+	if !s.Eat('"') {
+		return 0, 0, false, false
+	}
+	start = s.I
+	for s.I < len(s.B) {
+		c := s.B[s.I]
+		switch {
+		case c == '"':
+			end = s.I
+			s.I++
+			return start, end, esc, true
+		case c == '\\':
+			esc = true
+			s.I++
+			if s.I >= len(s.B) {
+				return 0, 0, false, false
+			}
+			switch s.B[s.I] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.I++
+			case 'u':
+				if len(s.B)-s.I < 5 {
+					return 0, 0, false, false
+				}
+				for _, h := range s.B[s.I+1 : s.I+5] {
+					if !isHex(h) {
+						return 0, 0, false, false
+					}
+				}
+				s.I += 5
+			default:
+				return 0, 0, false, false
+			}
+		case c < 0x20:
+			return 0, 0, false, false
+		default:
+			s.I++
+		}
+	}
+	return 0, 0, false, false
+}
+
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+// Number scans a number; plain says it is an integer written without a
+// fraction, an exponent or as "-0".
+func (s *Scanner) Number() (plain, ok bool) {
+	start := s.I
+	s.Eat('-')
+	if s.I >= len(s.B) {
+		return false, false
+	}
+	switch c := s.B[s.I]; {
+	case c == '0':
+		s.I++
+	case c >= '1' && c <= '9':
+		s.digits()
+	default:
+		return false, false
+	}
+	plain = string(s.B[start:s.I]) != "-0"
+	if s.Eat('.') {
+		plain = false
+		if !s.digits() {
+			return false, false
+		}
+	}
+	if s.I < len(s.B) && (s.B[s.I] == 'e' || s.B[s.I] == 'E') {
+		plain = false
+		s.I++
+		if !s.Eat('+') {
+			s.Eat('-')
+		}
+		if !s.digits() {
+			return false, false
+		}
+	}
+	return plain, true
+}
+
+func (s *Scanner) digits() bool {
+	start := s.I
+	for s.I < len(s.B) && s.B[s.I] >= '0' && s.B[s.I] <= '9' {
+		s.I++
+	}
+	return s.I > start
+}
+
+// Value validates and skips one value at depth (0 for a document's own
+// value); a value nested deeper than maxDepth is refused, so a hostile
+// document cannot exhaust the stack.
+func (s *Scanner) Value(depth, maxDepth int) bool {
+	if s.I >= len(s.B) || depth > maxDepth {
+		return false
+	}
+	switch c := s.B[s.I]; {
+	case c == '{':
+		s.I++
+		s.WS()
+		if s.Eat('}') {
+			return true
+		}
+		for {
+			s.WS()
+			if _, _, _, ok := s.Str(); !ok {
+				return false
+			}
+			s.WS()
+			if !s.Eat(':') {
+				return false
+			}
+			s.WS()
+			if !s.Value(depth+1, maxDepth) {
+				return false
+			}
+			s.WS()
+			if s.Eat('}') {
+				return true
+			}
+			if !s.Eat(',') {
+				return false
+			}
+		}
+	case c == '[':
+		s.I++
+		s.WS()
+		if s.Eat(']') {
+			return true
+		}
+		for {
+			s.WS()
+			if !s.Value(depth+1, maxDepth) {
+				return false
+			}
+			s.WS()
+			if s.Eat(']') {
+				return true
+			}
+			if !s.Eat(',') {
+				return false
+			}
+		}
+	case c == '"':
+		_, _, _, ok := s.Str()
+		return ok
+	case c == 't':
+		return s.Lit("true")
+	case c == 'f':
+		return s.Lit("false")
+	case c == 'n':
+		return s.Lit("null")
+	}
+	_, ok := s.Number()
+	return ok
+}
+
+// Valid reports whether b is exactly one JSON value (white space around
+// it allowed), nested at most maxDepth deep.
+func Valid(b []byte, maxDepth int) bool {
+	s := Scanner{B: b}
+	s.WS()
+	if !s.Value(0, maxDepth) {
+		return false
+	}
+	s.WS()
+	return s.I == len(b)
+}
