@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/edge-agent/edge-agent/internal/jsonscan"
 )
@@ -22,15 +21,15 @@ var emptyObject = json.RawMessage("{}")
 // change the document's structure around it.
 func appendInput(b []byte, in *Input) ([]byte, error) {
 	b = append(b, `{"device":{"id":`...)
-	b = appendString(b, in.Device.ID)
+	b = jsonscan.AppendString(b, in.Device.ID)
 	b = append(b, `,"type":`...)
-	b = appendString(b, in.Device.Type)
+	b = jsonscan.AppendString(b, in.Device.Type)
 	b = append(b, `},"command":{"op_id":`...)
-	b = appendString(b, in.Command.OpID)
+	b = jsonscan.AppendString(b, in.Command.OpID)
 	b = append(b, `,"fence":`...)
 	b = strconv.AppendInt(b, in.Command.Fence, 10)
 	b = append(b, `,"action":`...)
-	b = appendString(b, in.Command.Action)
+	b = jsonscan.AppendString(b, in.Command.Action)
 	b = append(b, `,"params":`...)
 	var err error
 	if b, err = appendRaw(b, in.Command.Params, "command.params"); err != nil {
@@ -38,7 +37,7 @@ func appendInput(b []byte, in *Input) ([]byte, error) {
 	}
 	if in.Command.Holder != "" {
 		b = append(b, `,"holder":`...)
-		b = appendString(b, in.Command.Holder)
+		b = jsonscan.AppendString(b, in.Command.Holder)
 	}
 	b = append(b, `},"state":`...)
 	if b, err = appendRaw(b, in.State, "state"); err != nil {
@@ -55,7 +54,7 @@ func appendInput(b []byte, in *Input) ([]byte, error) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, id)
+			b = jsonscan.AppendString(b, id)
 			b = append(b, ':')
 			if b, err = appendRaw(b, in.Group[id], "group."+id); err != nil {
 				return b, err
@@ -84,50 +83,6 @@ func appendRaw(b []byte, raw json.RawMessage, what string) ([]byte, error) {
 		return b, fmt.Errorf("%w: %s", ErrBadInput, what)
 	}
 	return append(b, raw...), nil
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // decodeOutput parses {"allow": bool, "reason"?: string, "params"?: object}.

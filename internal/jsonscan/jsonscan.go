@@ -7,6 +7,8 @@
 // nothing, and leaves decoding to its callers.
 package jsonscan
 
+import "unicode/utf8"
+
 // Scanner reads B from I.
 type Scanner struct {
 	B []byte
@@ -215,3 +217,49 @@ func Valid(b []byte, maxDepth int) bool {
 	s.WS()
 	return s.I == len(b)
 }
+
+// AppendString appends s as a JSON string: quotes, backslashes and control
+// characters escaped, invalid UTF-8 written as \ufffd (so the document is
+// valid UTF-8). Unlike encoding/json it does not escape <, > and &.
+func AppendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+const hexDigits = "0123456789abcdef"

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestValidAgreesWithEncodingJSON(t *testing.T) {
@@ -38,4 +39,20 @@ func TestNumberPlain(t *testing.T) {
 			t.Errorf("Number(%s) = %v %v at %d", s, p, ok, sc.I)
 		}
 	}
+}
+
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "a\"b\\c\n\t\r\x01", "é<&>", "\xff\xfe", "\u2028"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := AppendString(nil, s)
+		if !Valid(b, 1) || !utf8.Valid(b) {
+			t.Fatalf("AppendString(%q) = %q: not a valid UTF-8 JSON string", s, b)
+		}
+		var back string
+		if err := json.Unmarshal(b, &back); err != nil || back != string([]rune(s)) {
+			t.Fatalf("AppendString(%q) = %q decodes to %q (%v)", s, b, back, err)
+		}
+	})
 }

@@ -420,7 +420,7 @@ func (o Object) With(key string, v Value) Object {
 		if n > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, key)
+		b = jsonscan.AppendString(b, key)
 		b = append(b, ':')
 		b = append(b, v.raw...)
 	}
@@ -452,7 +452,7 @@ func Num(f float64) Value {
 func Int(n int64) Value { return Value{raw: strconv.AppendInt(nil, n, 10)} }
 
 // Str returns a string Value.
-func Str(s string) Value { return Value{raw: appendString(nil, s)} }
+func Str(s string) Value { return Value{raw: jsonscan.AppendString(nil, s)} }
 
 // RawValue wraps JSON text as a Value; it must be one valid JSON value.
 func RawValue(raw []byte) Value { return Value{raw: raw} }
@@ -633,34 +633,4 @@ func hex4(b []byte) (rune, bool) {
 		}
 	}
 	return r, true
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -23,6 +23,8 @@
 package sdk
 
 import (
+	"github.com/edge-agent/edge-agent/internal/jsonscan"
+
 	"errors"
 	"time"
 )
@@ -129,7 +131,7 @@ func (d Decision) Params() (Object, bool) { return d.params, d.rewrite }
 func (d Decision) AppendJSON(b []byte) []byte {
 	if !d.allow {
 		b = append(b, `{"allow":false,"reason":`...)
-		b = appendString(b, d.reason)
+		b = jsonscan.AppendString(b, d.reason)
 		return append(b, '}')
 	}
 	if d.rewrite {
