@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -64,30 +65,13 @@ func e2eBinaries(t *testing.T) (agent, simBin string) {
 // proc runs a process until t.Cleanup, with its output kept for failures.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *lockedBuf
+	out  *mqtttest.SyncBuffer
 	done chan struct{}
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(name, args...), out: &lockedBuf{}, done: make(chan struct{})}
+	p := &proc{cmd: exec.Command(name, args...), out: &mqtttest.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)

@@ -107,7 +107,7 @@ type env struct {
 	app   *app.App
 	proc  *exec.Cmd
 	pexit chan error
-	plog  *syncBuf
+	plog  *mqtttest.SyncBuffer
 
 	// failCommit is the in-process agent's store fault hook (nil: none).
 	failCommit func() error
@@ -210,7 +210,7 @@ func (e *env) startProc(envv ...string) {
 	cfg := e.writeConfig()
 	cmd := exec.Command(agentBinary(e.t), "run", "--config", cfg, "--log-level", "warn")
 	cmd.Env = append(os.Environ(), envv...)
-	e.plog = &syncBuf{}
+	e.plog = &mqtttest.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = e.plog, e.plog
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -406,23 +406,6 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type (

@@ -64,7 +64,7 @@ type Mosquitto struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{}
-	log    *syncBuffer
+	log    *SyncBuffer
 }
 
 // StartMosquitto runs mosquitto with configs/mosquitto.conf (the listener
@@ -88,7 +88,7 @@ func StartMosquitto(t testing.TB) *Mosquitto {
 		}
 		bin = p
 	}
-	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &syncBuffer{}}
+	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &SyncBuffer{}}
 	if err := os.Mkdir(filepath.Join(m.dir, "data"), 0o700); err != nil {
 		t.Fatalf("mqtttest: %v", err)
 	}
@@ -271,18 +271,20 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-type syncBuffer struct {
+// SyncBuffer is a buffer that goroutines may write and read at once (a
+// process's output collected while a test reads it).
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
