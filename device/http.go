@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/edge-agent/edge-agent/internal/jsonscan"
 )
 
 // Defaults of HTTPDevice and HTTPOptions.
@@ -249,8 +251,8 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 		return WriteResult{Outcome: NotSent, Reason: fmt.Sprintf("params are not valid JSON: %v", err)}
 	}
 
-	log := h.log.With("device", w.Device, "op_id", w.OpID, "key", w.Key)
-	tl := &tryLog{idempotent: d.cfg.Idempotent, timeout: d.cfg.Timeout, log: log}
+	tl := &tryLog{idempotent: d.cfg.Idempotent, timeout: d.cfg.Timeout, log: h.log,
+		ids: []any{"device", w.Device, "op_id", w.OpID, "key", w.Key}}
 	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { tl.connected.Store(true) }}
 	req, err := retryablehttp.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace),
 		http.MethodPost, d.base+"/v1/devices/"+url.PathEscape(w.Device)+"/apply", body)
@@ -269,18 +271,16 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 		switch code := resp.StatusCode; {
 		case code >= 200 && code < 300:
 			res.Outcome = Applied
-			var a struct {
-				State json.RawMessage `json:"state"`
-			}
+			var state json.RawMessage
 			if readErr == nil {
-				readErr = json.Unmarshal(data, &a)
+				state, readErr = answerState(data)
 			}
 			if readErr != nil {
 				// The device said applied; only the state it reported is lost.
 				res.Reason = fmt.Sprintf("applied, but the answer could not be read: %v", readErr)
-				log.Warn("device applied the write but its answer is unreadable", "err", readErr)
-			} else if len(a.State) > 0 && string(a.State) != "null" {
-				res.State = a.State
+				h.log.Warn("device applied the write but its answer is unreadable", tl.with("err", readErr)...)
+			} else if len(state) > 0 && string(state) != "null" {
+				res.State = state
 			}
 		case code >= 400 && code < 500:
 			res.Outcome = Refused
@@ -306,11 +306,25 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 		res.Reason = fmt.Sprintf("%s (%d tries)", res.Reason, res.Tries)
 	}
 	if res.Outcome == Unknown {
-		log.Warn("device write outcome unknown", "reason", res.Reason, "tries", res.Tries)
-	} else {
-		log.Debug("device write", "outcome", res.Outcome.String(), "reason", res.Reason, "tries", res.Tries)
+		h.log.Warn("device write outcome unknown", tl.with("reason", res.Reason, "tries", res.Tries)...)
+	} else if h.log.Enabled(ctx, slog.LevelDebug) {
+		h.log.Debug("device write", tl.with("outcome", res.Outcome.String(), "reason", res.Reason, "tries", res.Tries)...)
 	}
 	return res
+}
+
+// answerState reads the state of an apply answer ({"applied":true,
+// "state":{...}}): with the project's scanner when it can be sure, else
+// with encoding/json (one reflective decode per write was a visible cost).
+func answerState(data []byte) (json.RawMessage, error) {
+	if st, ok := jsonscan.Member(data, "state", 1000); ok {
+		return bytes.Clone(st), nil
+	}
+	var a struct {
+		State json.RawMessage `json:"state"`
+	}
+	err := json.Unmarshal(data, &a)
+	return a.State, err
 }
 
 // tryLog follows the tries of one write. The GotConn trace marks a try that
@@ -320,6 +334,7 @@ type tryLog struct {
 	idempotent     bool
 	timeout        time.Duration
 	log            *slog.Logger
+	ids            []any       // device, op_id, key: added to each line (a logger With them costs on every write)
 	connected      atomic.Bool // the current try got a connection
 	tries          int
 	mayHaveReached bool
@@ -343,15 +358,22 @@ func (t *tryLog) check(ctx context.Context, resp *http.Response, err error) (boo
 	// for a device that honours keys anything else (the retry reuses the
 	// key); otherwise only a try that never got a connection.
 	retry := !definite && ctx.Err() == nil && (t.idempotent || !reached)
-	attrs := []any{"try", t.tries, "reached", reached, "retryable", retry}
-	if resp != nil {
-		attrs = append(attrs, "status", resp.StatusCode)
+	if t.log.Enabled(ctx, slog.LevelDebug) {
+		attrs := t.with("try", t.tries, "reached", reached, "retryable", retry)
+		if resp != nil {
+			attrs = append(attrs, "status", resp.StatusCode)
+		}
+		if err != nil {
+			attrs = append(attrs, "err", err)
+		}
+		t.log.Debug("device try", attrs...)
 	}
-	if err != nil {
-		attrs = append(attrs, "err", err)
-	}
-	t.log.Debug("device try", attrs...)
 	return retry, nil
+}
+
+// with returns the write's ids followed by attrs, for one log line.
+func (t *tryLog) with(attrs ...any) []any {
+	return append(append(make([]any, 0, len(t.ids)+len(attrs)+4), t.ids...), attrs...)
 }
 
 // retrying returns a retryablehttp client for one call on d. It is cheap:

@@ -7,7 +7,10 @@
 // nothing, and leaves decoding to its callers.
 package jsonscan
 
-import "unicode/utf8"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // Scanner reads B from I.
 type Scanner struct {
@@ -263,3 +266,54 @@ func AppendString(b []byte, s string) []byte {
 }
 
 const hexDigits = "0123456789abcdef"
+
+// Member returns the value of key in the JSON object b (nil when b has no
+// such member), checking that b is one valid object. ok is false when b is
+// not, or when Member cannot be sure what encoding/json would read into a
+// field named key: a key with an escape, key given twice (encoding/json
+// takes the last), or another key that matches it regardless of case (as
+// encoding/json matches).
+func Member(b []byte, key string, maxDepth int) (val []byte, ok bool) {
+	s := Scanner{B: b}
+	s.WS()
+	if !s.Eat('{') {
+		return nil, false
+	}
+	s.WS()
+	if !s.Eat('}') {
+		for {
+			s.WS()
+			ks, ke, esc, ok := s.Str()
+			if !ok || esc {
+				return nil, false
+			}
+			s.WS()
+			if !s.Eat(':') {
+				return nil, false
+			}
+			s.WS()
+			start := s.I
+			if !s.Value(1, maxDepth) {
+				return nil, false
+			}
+			switch k := string(b[ks:ke]); {
+			case k == key:
+				if val != nil {
+					return nil, false
+				}
+				val = b[start:s.I]
+			case strings.EqualFold(k, key):
+				return nil, false
+			}
+			s.WS()
+			if s.Eat('}') {
+				break
+			}
+			if !s.Eat(',') {
+				return nil, false
+			}
+		}
+	}
+	s.WS()
+	return val, s.I == len(b)
+}

@@ -56,3 +56,26 @@ func FuzzAppendString(f *testing.F) {
 		}
 	})
 }
+
+// Member reads what encoding/json reads into a json.RawMessage field, or
+// says it is not sure.
+func FuzzMember(f *testing.F) {
+	for _, s := range []string{`{"applied":true,"state":{"rpm":1}}`, `{"state":null}`, `{}`, `{"state":1,"state":2}`, `{"st\u0061te":1}`, `[1]`, `{"state":{"a":[1,2]}} x`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		val, ok := Member(b, "state", 1000)
+		if !ok {
+			return
+		}
+		var a struct {
+			State json.RawMessage `json:"state"`
+		}
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("Member(%q) ok, encoding/json: %v", b, err)
+		}
+		if string(val) != string(a.State) {
+			t.Fatalf("Member(%q) = %q, encoding/json %q", b, val, a.State)
+		}
+	})
+}
