@@ -107,15 +107,12 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 			}
 		}
 		d.UpdatedAt = now
-		if err := tx.PutDevice(dev, d); err != nil {
-			return err
-		}
 		o.Status, o.Result, o.Code, o.Reason, o.DecidedAt, o.Output = store.OpFinal, wire.StatusOf(code), code, reason, now, nil
 		if applied {
 			o.Output = stateOrEmpty(d.State)
 		}
 		res = resultOf(o, d.LastFence, false)
-		return a.recordOutcome(tx, &o, d.LastFence)
+		return a.recordOutcome(tx, &o, d.LastFence, &d)
 	})
 	switch {
 	case err != nil:

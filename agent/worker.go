@@ -370,7 +370,7 @@ func (w *worker) markUnknown(o store.Op, reason string) (store.Op, error) {
 		if !first {
 			return tx.PutOp(o)
 		}
-		return a.recordOutcome(tx, &o, rt.lastFence.Load())
+		return a.recordOutcome(tx, &o, rt.lastFence.Load(), nil)
 	})
 	if err == nil && first {
 		a.m.unknowns.Inc()
@@ -482,15 +482,12 @@ func (w *worker) finish(rt *devRT, o store.Op, code wire.Code, reason string, ra
 			}
 		}
 		d.UpdatedAt = now
-		if err := tx.PutDevice(o.Device, d); err != nil {
-			return err
-		}
 		o.Status, o.Result, o.Code, o.Reason, o.DecidedAt = store.OpFinal, wire.StatusOf(code), code, reason, now
 		o.Output = nil
 		if code == wire.CodeOK && o.Action != wire.ActionFence {
 			o.Output = stateOrEmpty(state)
 		}
-		return a.recordOutcome(tx, &o, d.LastFence)
+		return a.recordOutcome(tx, &o, d.LastFence, &d)
 	})
 	if err != nil {
 		return false, err
@@ -527,7 +524,7 @@ func (w *worker) drop(rt *devRT, o store.Op, code wire.Code, reason string, rais
 		if err := tx.DeleteOp(o.Device, o.OpID); err != nil {
 			return err
 		}
-		return a.recordOutcome(tx, &o, d.LastFence)
+		return a.recordOutcome(tx, &o, d.LastFence, nil)
 	})
 	if err != nil {
 		return false, err
@@ -543,13 +540,20 @@ func (w *worker) drop(rt *devRT, o store.Op, code wire.Code, reason string, rais
 // recordOutcome is the one way an outcome is written: o (final, unknown,
 // or with an empty Status: not recorded, its record already deleted), its
 // Result in the outbox, and, unless o is unknown, its inbox entry's
-// removal, in the caller's transaction. The Result is handed to the
+// removal, in the caller's transaction. dev, when set, is o's device
+// record as the outcome leaves it, written with o (store.PutOpDevice). The Result is handed to the
 // publisher only after the commit (invariants 3 and 4: durable before
 // visible; recorded before published).
-func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64) error {
+func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64, dev *store.Device) error {
 	ob := store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
 		Payload: resultJSON(resultOf(*o, lastFence, false)), Device: o.Device}
-	if o.Status != "" {
+	switch {
+	case dev != nil:
+		ob.OpID = o.OpID
+		if err := tx.PutOpDevice(*o, *dev); err != nil {
+			return err
+		}
+	case o.Status != "":
 		ob.OpID = o.OpID
 		if err := tx.PutOp(*o); err != nil {
 			return err

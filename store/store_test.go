@@ -480,3 +480,32 @@ func TestSweepResumesPastKeptRecords(t *testing.T) {
 		return nil
 	})
 }
+
+// PutOpDevice writes the caller's device record once, with the final
+// record's place in the device's history (Finals, FinalSeq), as PutDevice
+// followed by PutOp did.
+func TestPutOpDeviceCountsFinals(t *testing.T) {
+	s := openTest(t, nil)
+	for i, op := range []string{"a", "b"} {
+		err := s.Update(context.Background(), func(tx *Tx) error {
+			d, _, err := tx.Device("p")
+			if err != nil {
+				return err
+			}
+			d.LastFence, d.LastOpID = int64(5+i), op
+			return tx.PutOpDevice(finalOp("p", op, time.Now()), d)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.View(func(tx *Tx) error {
+		d, _, _ := tx.Device("p")
+		a, _, _ := tx.Op("p", "a")
+		b, _, _ := tx.Op("p", "b")
+		if d.Finals != 2 || a.FinalSeq != 1 || b.FinalSeq != 2 || d.LastFence != 6 || d.LastOpID != "b" {
+			t.Errorf("device %+v, FinalSeq a=%d b=%d", d, a.FinalSeq, b.FinalSeq)
+		}
+		return nil
+	})
+}

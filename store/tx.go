@@ -110,6 +110,34 @@ func (t *Tx) Op(dev, op string) (o Op, ok bool, err error) {
 // final record gets its place in its device's history (FinalSeq, bumping
 // the device record's Finals) the first time it is written final.
 func (t *Tx) PutOp(o Op) error {
+	if o.Status == OpFinal && o.FinalSeq == 0 {
+		d, _, err := t.Device(o.Device)
+		if err != nil {
+			return err
+		}
+		return t.PutOpDevice(o, d)
+	}
+	return t.putOp(o)
+}
+
+// PutOpDevice writes o, as PutOp, and d as o's device record, as
+// PutDevice: for a caller that changes both in one step (an outcome), so
+// the device record is read and written once.
+func (t *Tx) PutOpDevice(o Op, d Device) error {
+	if o.Status == OpFinal && o.FinalSeq == 0 {
+		if o.DecidedAt.IsZero() {
+			return fmt.Errorf("store: op %s/%s: final without decided_at", o.Device, o.OpID)
+		}
+		d.Finals++
+		o.FinalSeq = d.Finals
+	}
+	if err := t.PutDevice(o.Device, d); err != nil {
+		return err
+	}
+	return t.putOp(o)
+}
+
+func (t *Tx) putOp(o Op) error {
 	ops := t.tx.Bucket(bucketOps)
 	// Records are appended in arrival order and rewritten in place while
 	// their command is under way: full leaves, not bbolt's half-full
@@ -126,20 +154,6 @@ func (t *Tx) PutOp(o Op) error {
 			o.InboxSeq = seq
 		}
 		t.s.idx.put(string(opKey(o.Device, o.OpID)), o.InboxSeq)
-	}
-	if o.Status == OpFinal && o.FinalSeq == 0 {
-		d, _, err := t.Device(o.Device)
-		if err != nil {
-			return err
-		}
-		d.Finals++
-		o.FinalSeq = d.Finals
-		if o.DecidedAt.IsZero() {
-			return fmt.Errorf("store: op %s/%s: final without decided_at", o.Device, o.OpID)
-		}
-		if err := t.PutDevice(o.Device, d); err != nil {
-			return err
-		}
 	}
 	return ops.Put(u64(o.InboxSeq), encodeOp(&o))
 }
