@@ -59,26 +59,14 @@ func (s *scan) value(depth int) bool {
 	if depth > maxDepth || s.I >= len(s.B) {
 		return false
 	}
-	switch c := s.B[s.I]; {
-	case c == '{':
+	switch s.B[s.I] {
+	case '{':
 		_, ok := s.object(depth, false)
 		return ok
-	case c == '[':
+	case '[':
 		return s.array(depth)
-	case c == '"':
-		_, _, ok := s.str()
-		return ok
-	case c == '-' || (c >= '0' && c <= '9'):
-		_, ok := s.Number()
-		return ok
-	case c == 't':
-		return s.Lit("true")
-	case c == 'f':
-		return s.Lit("false")
-	case c == 'n':
-		return s.Lit("null")
 	}
-	return false
+	return s.Value(depth, maxDepth) // a scalar
 }
 
 // members walks the object at s.I ('{'): for each member it scans the key
