@@ -1,6 +1,6 @@
 // Command firmware-sim is the simulated device firmware of PROTOCOL.md §2.
 //
-//	firmware-sim [--listen 127.0.0.1:8081] [--journal FILE] --devices pump-7:pump,valve-1:valve
+//	firmware-sim [--listen 127.0.0.1:8081] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve
 //
 // It serves until SIGINT or SIGTERM. Exit status: 0 on a clean stop, 2 on a
 // usage error, 1 otherwise.
@@ -27,6 +27,7 @@ func run(args []string) int {
 	listen := fs.String("listen", "127.0.0.1:8081", "address to serve the device API on")
 	journal := fs.String("journal", "", "append every applied write to this file (fsynced), tombstones to FILE.tombstones; reloaded at start")
 	devices := fs.String("devices", "", "the simulated devices, ID:TYPE,... (TYPE: pump, valve, relay, generic)")
+	logLevel := fs.String("log-level", "info", "debug, info (one line per applied write), warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -38,7 +39,12 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "firmware-sim: --devices: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "firmware-sim: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	s, err := sim.New(sim.Options{Devices: devs, JournalPath: *journal, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "firmware-sim: --devices: %v\n", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,13 +27,18 @@ func TestMain(m *testing.M) {
 // startProcess runs the simulator as its own process and returns its URL.
 func startProcess(t *testing.T, args ...string) (*exec.Cmd, string) {
 	t.Helper()
+	return startProcessWithStderr(t, os.Stderr, args...)
+}
+
+func startProcessWithStderr(t *testing.T, stderr io.Writer, args ...string) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -138,12 +144,37 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"--devices", "pump-7:toaster"},
 		{"--devices", "a:pump,a:valve"},
 		{"--bogus"},
+		{"--devices", "r:relay", "--log-level", "loud"},
 	} {
 		cmd := exec.Command(os.Args[0], args...)
 		cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
 			t.Errorf("%q: %v, want exit 2; output:\n%s", args, err, out)
+		}
+	}
+}
+
+// TestLogLevelWarnDropsTheWriteLines: --log-level warn silences the line
+// per applied write (edge-bench runs the simulator so); the default logs it.
+func TestLogLevelWarnDropsTheWriteLines(t *testing.T) {
+	for _, c := range []struct {
+		level string
+		want  bool
+	}{{"", true}, {"warn", false}} {
+		args := []string{"--listen", "127.0.0.1:0", "--devices", "r:relay"}
+		if c.level != "" {
+			args = append(args, "--log-level", c.level)
+		}
+		var stderr bytes.Buffer // read after Wait: exec's copy has finished then
+		cmd, url := startProcessWithStderr(t, &stderr, args...)
+		if code, body := post(t, url+"/v1/devices/r/apply", "k1", `{"op_id":"o1","action":"toggle"}`); code != 200 {
+			t.Fatalf("apply: %d %s", code, body)
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		if got := strings.Contains(stderr.String(), "msg=applied"); got != c.want {
+			t.Errorf("--log-level %q: applied line logged = %v, want %v; stderr:\n%s", c.level, got, c.want, stderr.String())
 		}
 	}
 }

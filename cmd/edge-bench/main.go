@@ -79,10 +79,14 @@ func main() {
 // as they would be deployed, and this process is the load generator.
 var inProcess bool
 
+// mosquittoPid is the broker's process, for the CPU accounting.
+var mosquittoPid int
+
 type stats struct {
 	n        int
 	perSec   float64
 	p50, p99 time.Duration
+	cpu      string // CPU per command by process (cpuMeter.perCommand)
 }
 
 func run(dur time.Duration, devList, out string) error {
@@ -91,10 +95,11 @@ func run(dur time.Duration, devList, out string) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	broker, stop, err := startMosquitto(tmp)
+	broker, brokerPid, stop, err := startMosquitto(tmp)
 	if err != nil {
 		return err
 	}
+	mosquittoPid = brokerPid
 	defer stop()
 	var bins string
 	if !inProcess {
@@ -117,7 +122,7 @@ func run(dur time.Duration, devList, out string) error {
 		if err != nil {
 			return fmt.Errorf("echo, %d devices: %w", n, err)
 		}
-		fmt.Printf("%-8d %-12s %10.0f %9s %9s\n", n, "echo", echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond))
+		fmt.Printf("%-8d %-12s %10.0f %9s %9s   %s\n", n, "echo", echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond), echo.cpu)
 		pprof.Do(context.Background(), pprof.Labels("target", "edge-agent"), func(context.Context) {
 			ag, err = measure(broker, n, dur, target{bins: bins, agent: true, dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
 		})
@@ -125,7 +130,7 @@ func run(dur time.Duration, devList, out string) error {
 			return fmt.Errorf("edge-agent, %d devices: %w", n, err)
 		}
 		ratio := ag.perSec / echo.perSec
-		fmt.Printf("%-8d %-12s %10.0f %9s %9s   ratio %.2f\n", n, "edge-agent", ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio)
+		fmt.Printf("%-8d %-12s %10.0f %9s %9s   ratio %.2f   %s\n", n, "edge-agent", ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio, ag.cpu)
 		rows = append(rows, fmt.Sprintf("| %d | %.0f | %s | %s | %.0f | %s | %s | %.2f |", n,
 			echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond),
 			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio))
@@ -244,7 +249,7 @@ type target struct {
 	dir   string
 }
 
-func (t target) start(broker string, n int) (func(), error) {
+func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	switch {
 	case inProcess && !t.agent:
 		return startEcho(broker)
@@ -255,15 +260,17 @@ func (t target) start(broker string, n int) (func(), error) {
 		}
 		return at.stop, nil
 	case !t.agent:
-		return startEchoProcess(broker)
+		return startEchoProcess(broker, m)
 	}
-	return startAgentProcesses(t.bins, t.dir, broker, n)
+	return startAgentProcesses(t.bins, t.dir, broker, n, m)
 }
 
 // measure runs n closed-loop controllers (one per device, one command in
 // flight each) for dur and reports throughput and latency.
 func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
-	stopTarget, err := t.start(broker, n)
+	m := &cpuMeter{}
+	m.add("mosquitto", mosquittoPid)
+	stopTarget, err := t.start(broker, n, m)
 	if err != nil {
 		return stats{}, err
 	}
@@ -304,6 +311,9 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 		warm  = time.Now().Add(dur / 10)
 		count atomic.Int64
 	)
+	m.add("edge-bench", 0) // the controllers, and with -inprocess everything else
+	meterStarted := make(chan struct{})
+	go func() { time.Sleep(time.Until(warm)); m.begin(); close(meterStarted) }()
 	for d := 0; d < n; d++ {
 		wg.Add(1)
 		go func(d int) {
@@ -333,6 +343,8 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 		}(d)
 	}
 	wg.Wait()
+	<-meterStarted
+	cpu := m.perCommand(int(count.Load()))
 	if f := fails.Load(); f > 0 {
 		return stats{}, fmt.Errorf("%d commands got no Result within 30s", f)
 	}
@@ -346,37 +358,37 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	measured := dur - dur/10
 	return stats{n: len(all), perSec: float64(len(all)) / measured.Seconds(),
-		p50: all[len(all)/2], p99: all[len(all)*99/100]}, nil
+		p50: all[len(all)/2], p99: all[len(all)*99/100], cpu: cpu}, nil
 }
 
 // startMosquitto runs mosquitto with the shipped configs/mosquitto.conf,
 // its listener moved to a free loopback port and its data to dir
 // (configs.LocalMosquittoConf, as the tests' mqtttest.StartMosquitto).
-func startMosquitto(dir string) (string, func(), error) {
+func startMosquitto(dir string) (string, int, func(), error) {
 	bin := "/usr/sbin/mosquitto"
 	if _, err := os.Stat(bin); err != nil {
 		if bin, err = exec.LookPath("mosquitto"); err != nil {
-			return "", nil, fmt.Errorf("mosquitto not installed (apt-get install mosquitto)")
+			return "", 0, nil, fmt.Errorf("mosquitto not installed (apt-get install mosquitto)")
 		}
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	conf, err := configs.LocalMosquittoConf(port, dir, "stderr", os.Geteuid() == 0, "log_type error")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cp := filepath.Join(dir, "mosquitto.conf")
 	if err := os.WriteFile(cp, conf, 0o600); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.Command(bin, "-c", cp)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	deadline := time.Now().Add(10 * time.Second)
@@ -388,9 +400,9 @@ func startMosquitto(dir string) (string, func(), error) {
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
-			return "", nil, fmt.Errorf("mosquitto did not start on %s", addr)
+			return "", 0, nil, fmt.Errorf("mosquitto did not start on %s", addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return "tcp://" + addr, func() { cmd.Process.Kill(); cmd.Wait() }, nil
+	return "tcp://" + addr, cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }, nil
 }

@@ -29,7 +29,7 @@ func buildBinaries(dir string) (string, error) {
 
 // startEchoProcess runs this binary as the echo baseline (-echo); closing
 // its stdin stops it.
-func startEchoProcess(broker string) (func(), error) {
+func startEchoProcess(broker string, m *cpuMeter) (func(), error) {
 	cmd := exec.Command(os.Args[0], "-echo", broker)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -49,13 +49,14 @@ func startEchoProcess(broker string) (func(), error) {
 		cmd.Wait()
 		return nil, fmt.Errorf("echo process did not start: %q %v", line, err)
 	}
+	m.add("echo", cmd.Process.Pid)
 	return func() { in.Close(); waitOrKill(cmd, 5*time.Second) }, nil
 }
 
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
 // a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker string, n int) (func(), error) {
+func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -63,7 +64,7 @@ func startAgentProcesses(bins, dir, broker string, n int) (func(), error) {
 	for i := 0; i < n; i++ {
 		devs = append(devs, fmt.Sprintf("d%d:generic", i))
 	}
-	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--devices", strings.Join(devs, ","))
+	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--log-level", "warn", "--devices", strings.Join(devs, ","))
 	out, err := simCmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -112,6 +113,8 @@ func startAgentProcesses(bins, dir, broker string, n int) (func(), error) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				m.add("edge-agent", agentCmd.Process.Pid)
+				m.add("firmware-sim", simCmd.Process.Pid)
 				return stop, nil
 			}
 		}
