@@ -44,6 +44,13 @@ func main() {
 	out := flag.String("out", "", "append a Markdown table to this file")
 	prof := flag.String("cpuprofile", "", "write a CPU profile of this process here (with -inprocess: of everything but mosquitto)")
 	inproc := flag.Bool("inprocess", false, "run the agent, the firmware simulator and the echo inside this process (for CPU profiles) instead of as processes of their own")
+	flag.Func("agent-env", "KEY=VALUE added to the edge-agent process's environment, e.g. GOGC=200 (repeatable; not with -inprocess)", func(kv string) error {
+		if !strings.Contains(kv, "=") {
+			return fmt.Errorf("%q: want KEY=VALUE", kv)
+		}
+		agentEnv = append(agentEnv, kv)
+		return nil
+	})
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	flag.Parse()
 	if *echoBroker != "" {
@@ -78,6 +85,9 @@ func main() {
 // the agent and the firmware simulator each run as a process of their own,
 // as they would be deployed, and this process is the load generator.
 var inProcess bool
+
+// agentEnv is added to the edge-agent process's environment (-agent-env).
+var agentEnv []string
 
 // mosquittoPid is the broker's process, for the CPU accounting.
 var mosquittoPid int

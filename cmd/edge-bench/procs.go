@@ -65,6 +65,12 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 		devs = append(devs, fmt.Sprintf("d%d:generic", i))
 	}
 	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--log-level", "warn", "--devices", strings.Join(devs, ","))
+	// The simulator stands in for device firmware, which runs on hardware
+	// of its own, not on the gateway's cores: one P keeps its share of
+	// this machine's two cores small (65 against 77 us of CPU per
+	// command with the default, measured 2026-11-30) so the agent is what
+	// is measured.
+	simCmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	out, err := simCmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -98,6 +104,7 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 		return nil, err
 	}
 	agentCmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
+	agentCmd.Env = append(os.Environ(), agentEnv...)
 	agentCmd.Stderr = os.Stderr
 	if err := agentCmd.Start(); err != nil {
 		waitOrKill(simCmd, time.Second)
