@@ -242,10 +242,11 @@ func (p *publisher) loop() {
 		}
 		if f.it.seq > 0 {
 			a.m.published.Inc()
-			// Not waited for: losing this delete in a crash only
-			// republishes the Result (at least once).
+			// Not waited for, and no commit of its own: it rides along
+			// with the next one. Losing it in a crash only republishes
+			// the Result (at least once).
 			seq := f.it.seq
-			a.st.Submit(p.ctx, func(tx *store.Tx) error { return tx.OutboxDelete(seq) })
+			a.st.Later(func(tx *store.Tx) error { return tx.OutboxDelete(seq) })
 		}
 	}
 }

@@ -88,7 +88,14 @@ type Store struct {
 
 	sweepFrom uint64 // where the next Sweep resumes (commit goroutine only)
 	idx       *opIndex
+
+	later     []func(*Tx) error // Later's updates, for the next commit (under mu)
+	laterWake chan struct{}     // Later queued the first of them
 }
+
+// LaterWithin is how long an update queued with Later waits at most for a
+// commit to ride along with before it gets one of its own.
+const LaterWithin = time.Second
 
 // Stats are the group commit's counters.
 type Stats struct {
@@ -140,7 +147,8 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 	s := &Store{db: db, opts: o, log: o.Logger,
 		reqs: make(chan *request, 4*o.MaxBatch), quit: make(chan struct{}),
-		done: make(chan struct{}), failedCh: make(chan struct{}), idx: newOpIndex()}
+		done: make(chan struct{}), failedCh: make(chan struct{}), idx: newOpIndex(),
+		laterWake: make(chan struct{}, 1)}
 	check := func(tx *bolt.Tx) error {
 		if m := tx.Bucket(bucketMeta); m != nil {
 			switch f := m.Get(keyFormat); {
@@ -261,6 +269,39 @@ func (s *Store) Submit(ctx context.Context, fn func(*Tx) error) <-chan error {
 	return r.done
 }
 
+// Later queues fn for the next commit without causing one: it rides along
+// with the next batch of updates, or is committed on its own after
+// LaterWithin, or when the store closes. Nothing waits for it, so it is
+// for writes a crash may lose: a lost one must only make the agent repeat
+// work that is safe to repeat (the deletion of a published Result: the
+// Result is published again). An error from fn fails the commit and the
+// store, as from an Update. After a failure or Close, fn is dropped.
+func (s *Store) Later(fn func(*Tx) error) {
+	s.mu.Lock()
+	if s.failed != nil || s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.later = append(s.later, fn)
+	first := len(s.later) == 1
+	s.mu.Unlock()
+	if first {
+		select {
+		case s.laterWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// takeLater returns the updates queued by Later, and forgets them.
+func (s *Store) takeLater() []func(*Tx) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.later
+	s.later = nil
+	return l
+}
+
 // View runs fn in a read-only transaction.
 func (s *Store) View(fn func(*Tx) error) error {
 	r := s.idx.enter()
@@ -271,12 +312,31 @@ func (s *Store) View(fn func(*Tx) error) error {
 func (s *Store) loop() {
 	defer close(s.done)
 	batch := make([]*request, 0, s.opts.MaxBatch)
+	var laterC <-chan time.Time // armed while Later's updates wait for a commit
 	for {
 		var r *request
 		select {
 		case r = <-s.reqs:
+		case <-s.laterWake:
+			if laterC == nil {
+				laterC = time.After(LaterWithin)
+			}
+			continue
+		case <-laterC:
+			laterC = nil
+			batch = batch[:0]
+			if err := s.commit(batch); err != nil {
+				s.fail(err, batch)
+				return
+			}
+			continue
 		case <-s.quit:
 			s.drain(ErrClosed)
+			// Later's updates are committed, not dropped: a clean stop
+			// leaves nothing to repeat.
+			if err := s.commit(batch[:0]); err != nil {
+				s.fail(err, nil)
+			}
 			return
 		}
 		batch = append(batch[:0], r)
@@ -289,29 +349,36 @@ func (s *Store) loop() {
 				break fill
 			}
 		}
-		err := s.commit(batch)
-		if err != nil {
-			s.mu.Lock()
-			s.failed = err
-			s.mu.Unlock()
-			close(s.failedCh)
-			s.log.Error("store: commit failed; stopping (invariant 5: nothing more is sent, published or acknowledged)", "err", err)
-			for _, r := range batch {
-				r.done <- fmt.Errorf("%w: %v", ErrFailed, err)
-			}
-			// Stay alive answering ErrFailed, so no Submit can hang.
-			for {
-				select {
-				case r := <-s.reqs:
-					r.done <- ErrFailed
-				case <-s.quit:
-					s.drain(ErrFailed)
-					return
-				}
-			}
+		if err := s.commit(batch); err != nil {
+			s.fail(err, batch)
+			return
 		}
+		laterC = nil // the commit took Later's updates along
 		for _, r := range batch {
 			r.done <- nil
+		}
+	}
+}
+
+// fail records a failed commit, answers the updates of its batch, and
+// keeps answering ErrFailed until Close, so no Submit can hang.
+func (s *Store) fail(err error, batch []*request) {
+	s.mu.Lock()
+	s.failed = err
+	s.later = nil
+	s.mu.Unlock()
+	close(s.failedCh)
+	s.log.Error("store: commit failed; stopping (invariant 5: nothing more is sent, published or acknowledged)", "err", err)
+	for _, r := range batch {
+		r.done <- fmt.Errorf("%w: %v", ErrFailed, err)
+	}
+	for {
+		select {
+		case r := <-s.reqs:
+			r.done <- ErrFailed
+		case <-s.quit:
+			s.drain(ErrFailed)
+			return
 		}
 	}
 }
@@ -330,6 +397,10 @@ func (s *Store) drain(err error) {
 func (s *Store) commit(batch []*request) error {
 	var hooks []func()
 	var txid uint64
+	later := s.takeLater()
+	if len(batch) == 0 && len(later) == 0 {
+		return nil
+	}
 	flush := s.idx.due()
 	start := time.Now()
 	err := s.db.Update(func(btx *bolt.Tx) error {
@@ -337,6 +408,11 @@ func (s *Store) commit(batch []*request) error {
 		tx := &Tx{tx: btx, s: s, write: true}
 		for _, r := range batch {
 			if err := r.fn(tx); err != nil {
+				return err
+			}
+		}
+		for _, fn := range later {
+			if err := fn(tx); err != nil {
 				return err
 			}
 		}

@@ -509,3 +509,82 @@ func TestPutOpDeviceCountsFinals(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLaterRidesAlongWithTheNextCommit: an update queued with Later makes
+// no commit of its own while others come, is in the next commit, is
+// committed on its own after LaterWithin when nothing else comes, and is
+// committed at Close.
+func TestLaterRidesAlongWithTheNextCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.db")
+	s, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	ctx := context.Background()
+	put := func(dev string, fence int64) func(*Tx) error {
+		return func(tx *Tx) error { return tx.PutDevice(dev, Device{LastFence: fence}) }
+	}
+	fence := func(s *Store, dev string) int64 {
+		var f int64
+		s.View(func(tx *Tx) error { d, _, _ := tx.Device(dev); f = d.LastFence; return nil })
+		return f
+	}
+
+	// Along with the next Update: one commit for both.
+	before := s.Commits()
+	s.Later(put("later", 1))
+	if err := s.Update(ctx, put("now", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.Commits() - before; c != 1 {
+		t.Fatalf("%d commits for an Update and a Later, want 1", c)
+	}
+	if f := fence(s, "later"); f != 1 {
+		t.Fatalf("the Later update is not in the Update's commit: last_fence %d", f)
+	}
+
+	// Alone: committed after LaterWithin, not before half of it.
+	before = s.Commits()
+	queued := time.Now()
+	s.Later(put("later", 2))
+	deadline := queued.Add(LaterWithin + 5*time.Second)
+	for fence(s, "later") != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a lone Later update was not committed within %v", LaterWithin+5*time.Second)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if waited := time.Since(queued); waited < LaterWithin/2 {
+		t.Fatalf("a lone Later update was committed after %v, want about %v", waited, LaterWithin)
+	}
+	if c := s.Commits() - before; c != 1 {
+		t.Fatalf("%d commits for a lone Later update, want 1", c)
+	}
+
+	// At Close: committed, so a clean stop leaves nothing to repeat.
+	s.Later(put("later", 3))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkIntegrity(t, path)
+	s2, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if f := fence(s2, "later"); f != 3 {
+		t.Fatalf("after Close, the Later update is lost: last_fence %d, want 3", f)
+	}
+}
+
+// TestLaterFailureFailsTheStore: a Later update's error fails its commit
+// and the store, like an Update's (invariant 5).
+func TestLaterFailureFailsTheStore(t *testing.T) {
+	s := openTest(t, nil)
+	s.Later(func(*Tx) error { return errors.New("boom") })
+	err := s.Update(context.Background(), func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 1}) })
+	if !errors.Is(err, ErrFailed) || s.Err() == nil {
+		t.Fatalf("Update along with a failing Later: %v (store: %v), want ErrFailed", err, s.Err())
+	}
+}
