@@ -61,17 +61,20 @@ func (m *cpuMeter) begin() {
 }
 
 // perCommand formats each process's CPU per command since begin, e.g.
-// "mosquitto 41µs, edge-agent 230µs".
-func (m *cpuMeter) perCommand(cmds int) string {
+// "mosquitto 41µs, edge-agent 230µs", and returns the same figures in the
+// order the processes were added, their total last.
+func (m *cpuMeter) perCommand(cmds int) (string, []time.Duration) {
 	if cmds == 0 || m.start == nil {
-		return ""
+		return "", nil
 	}
 	var parts []string
+	var each []time.Duration
 	var total time.Duration
 	for i, p := range m.pids {
-		d := cpuTime(p) - m.start[i]
+		d := (cpuTime(p) - m.start[i]) / time.Duration(cmds)
 		total += d
-		parts = append(parts, fmt.Sprintf("%s %s", m.names[i], (d/time.Duration(cmds)).Round(time.Microsecond)))
+		each = append(each, d)
+		parts = append(parts, fmt.Sprintf("%s %s", m.names[i], d.Round(time.Microsecond)))
 	}
-	return fmt.Sprintf("CPU per command: %s (total %s)", strings.Join(parts, ", "), (total / time.Duration(cmds)).Round(time.Microsecond))
+	return fmt.Sprintf("CPU per command: %s (total %s)", strings.Join(parts, ", "), total.Round(time.Microsecond)), append(each, total)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/edge-agent/edge-agent/app"
 	"github.com/edge-agent/edge-agent/config"
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/device"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/mqtt"
 	"github.com/edge-agent/edge-agent/wire"
@@ -52,9 +53,11 @@ func main() {
 		return nil
 	})
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
+	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
+	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
 	flag.Parse()
 	if *echoBroker != "" {
-		stop, err := startEcho(*echoBroker)
+		stop, err := startEcho(*echoBroker, *echoDevice, *echoDevices)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench echo:", err)
 			os.Exit(1)
@@ -96,7 +99,27 @@ type stats struct {
 	n        int
 	perSec   float64
 	p50, p99 time.Duration
-	cpu      string // CPU per command by process (cpuMeter.perCommand)
+	cpu      string          // CPU per command by process (cpuMeter.perCommand)
+	cpuParts []time.Duration // the same, per process, in the meter's order; total last
+	cpuNames []string        // the processes of cpuParts
+}
+
+// cpuCell is a table cell of CPU per command: "mosquitto 50 + echo 44 +
+// edge-bench 56 = 150 µs CPU".
+func cpuCell(st stats) string {
+	parts := st.cpuParts
+	if len(parts) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, d := range parts[:len(parts)-1] {
+		if i > 0 {
+			b.WriteString(" + ")
+		}
+		fmt.Fprintf(&b, "%s %d", st.cpuNames[i], d.Microseconds())
+	}
+	fmt.Fprintf(&b, " = %d µs CPU", parts[len(parts)-1].Microseconds())
+	return b.String()
 }
 
 func run(dur time.Duration, devList, out string) error {
@@ -122,28 +145,30 @@ func run(dur time.Duration, devList, out string) error {
 	for _, f := range strings.Split(devList, ",") {
 		var n int
 		fmt.Sscan(f, &n)
-		var echo, ag stats
-		var err error
-		// Labelled, so a CPU profile separates the runs: go tool pprof
-		// -tagfocus target=edge-agent.
-		pprof.Do(context.Background(), pprof.Labels("target", "echo"), func(context.Context) {
-			echo, err = measure(broker, n, dur, target{bins: bins})
-		})
-		if err != nil {
-			return fmt.Errorf("echo, %d devices: %w", n, err)
+		var res [3]stats
+		for _, k := range []kind{echoKind, deviceEchoKind, agentKind} {
+			var err error
+			// Labelled, so a CPU profile separates the runs: go tool
+			// pprof -tagfocus target=edge-agent.
+			pprof.Do(context.Background(), pprof.Labels("target", k.String()), func(context.Context) {
+				res[k], err = measure(broker, n, dur, target{bins: bins, kind: k, dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
+			})
+			if err != nil {
+				return fmt.Errorf("%s, %d devices: %w", k, n, err)
+			}
+			r := res[k]
+			ratio := ""
+			if k == agentKind {
+				ratio = fmt.Sprintf("   ratio %.2f of echo, %.2f of device-echo", r.perSec/res[echoKind].perSec, r.perSec/res[deviceEchoKind].perSec)
+			}
+			fmt.Printf("%-8d %-12s %10.0f %9s %9s%s\n         %s\n", n, k, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), ratio, r.cpu)
 		}
-		fmt.Printf("%-8d %-12s %10.0f %9s %9s   %s\n", n, "echo", echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond), echo.cpu)
-		pprof.Do(context.Background(), pprof.Labels("target", "edge-agent"), func(context.Context) {
-			ag, err = measure(broker, n, dur, target{bins: bins, agent: true, dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
-		})
-		if err != nil {
-			return fmt.Errorf("edge-agent, %d devices: %w", n, err)
-		}
-		ratio := ag.perSec / echo.perSec
-		fmt.Printf("%-8d %-12s %10.0f %9s %9s   ratio %.2f   %s\n", n, "edge-agent", ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio, ag.cpu)
-		rows = append(rows, fmt.Sprintf("| %d | %.0f | %s | %s | %.0f | %s | %s | %.2f |", n,
-			echo.perSec, echo.p50.Round(time.Microsecond), echo.p99.Round(time.Microsecond),
-			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond), ratio))
+		e, de, ag := res[echoKind], res[deviceEchoKind], res[agentKind]
+		rows = append(rows, fmt.Sprintf("| %d | %.0f | %s | %.0f | %s | %.0f | %s | %s | **%.2f** | %.2f |", n,
+			e.perSec, e.p50.Round(time.Microsecond), de.perSec, de.p50.Round(time.Microsecond),
+			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond),
+			ag.perSec/e.perSec, ag.perSec/de.perSec))
+		rows = append(rows, fmt.Sprintf("|  | %s | | %s | | %s | | | | |", cpuCell(e), cpuCell(de), cpuCell(ag)))
 	}
 	if out != "" {
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
@@ -157,8 +182,8 @@ func run(dur time.Duration, devList, out string) error {
 			how, flags = "everything in one process", " -inprocess"
 		}
 		fmt.Fprintf(f, "\nEnd to end through mosquitto (%s), %s per run, `go run ./cmd/edge-bench%s -duration %s -devices %s`, %s:\n\n", how, dur, flags, dur, devList, time.Now().UTC().Format("2006-01-02"))
-		fmt.Fprintln(f, "| devices | echo cmds/s | echo p50 | echo p99 | agent cmds/s | agent p50 | agent p99 | agent/echo |")
-		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(f, "| devices | echo cmds/s | echo p50 | device-echo cmds/s | device-echo p50 | agent cmds/s | agent p50 | agent p99 | agent/echo | agent/device-echo |")
+		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|")
 		for _, r := range rows {
 			fmt.Fprintln(f, r)
 		}
@@ -175,15 +200,8 @@ type agentTarget struct {
 }
 
 func (t *agentTarget) start(broker string, n int) error {
-	types := map[string]string{}
-	for i := 0; i < n; i++ {
-		types[fmt.Sprintf("d%d", i)] = "generic"
-	}
 	var err error
-	if t.fw, err = sim.New(sim.Options{Devices: types}); err != nil {
-		return err
-	}
-	if err := t.fw.Start(context.Background(), "127.0.0.1:0"); err != nil {
+	if t.fw, err = startSimInProcess(n); err != nil {
 		return err
 	}
 	var b strings.Builder
@@ -225,54 +243,162 @@ func (t *agentTarget) stop() {
 	t.fw.Close()
 }
 
-// echo answers every command with an applied Result, doing nothing else.
-func startEcho(broker string) (func(), error) {
+// startEcho answers every command with an applied Result. With a device
+// URL (firmware-sim of n generic devices d0..), it first sends the command
+// there through the agent's HTTP driver, one write in flight per device as
+// the agent's workers do, and answers with the device's outcome: what any
+// gateway in front of an HTTP device pays, without a store, fences or
+// deduplication. Without one it does nothing else.
+func startEcho(broker, deviceURL string, n int) (func(), error) {
 	var c paho.Client
-	o := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-bench-echo").SetCleanSession(true).
-		SetCustomOpenConnectionFn(mqtt.OpenConnection). // the agent's connection (mqtt/conn.go)
-		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
-			var cmd wire.Command
-			if json.Unmarshal(m.Payload(), &cmd) != nil {
+	var drv *device.HTTP
+	var lanes []chan paho.Message
+	answer := func(m paho.Message) {
+		var cmd wire.Command
+		if json.Unmarshal(m.Payload(), &cmd) != nil {
+			return
+		}
+		dev, _ := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())
+		r := wire.Result{V: 1, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence, Status: wire.StatusApplied,
+			Code: wire.CodeOK, Reason: "echo", LastFence: cmd.Fence, At: time.Now().UTC()}
+		if drv != nil {
+			wr := drv.Apply(context.Background(), device.Write{Device: dev, OpID: cmd.OpID, Key: cmd.OpID,
+				Fence: cmd.Fence, Action: cmd.Action, Params: cmd.Params})
+			if wr.Outcome != device.Applied {
+				r.Status, r.Code, r.Reason = wire.StatusFailed, wire.CodeDeviceError, wr.Reason
+			}
+		}
+		b, _ := json.Marshal(r)
+		c.Publish(cmd.ReplyTo, 1, false, b) // not waited for: never block paho's handler
+	}
+	handler := func(_ paho.Client, m paho.Message) { answer(m) }
+	if deviceURL != "" {
+		devs := map[string]device.HTTPDevice{}
+		for i := 0; i < n; i++ {
+			devs[fmt.Sprintf("d%d", i)] = device.HTTPDevice{URL: deviceURL, Idempotent: true, Queryable: true}
+		}
+		var err error
+		if drv, err = device.NewHTTP(device.HTTPOptions{Devices: devs}); err != nil {
+			return nil, err
+		}
+		// One goroutine per device, as the agent's workers: paho's
+		// handler only hands the command over.
+		lanes = make([]chan paho.Message, n)
+		for i := range lanes {
+			lanes[i] = make(chan paho.Message, 16)
+			go func(ch chan paho.Message) {
+				for m := range ch {
+					answer(m)
+				}
+			}(lanes[i])
+		}
+		handler = func(_ paho.Client, m paho.Message) {
+			dev, _ := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())
+			var i int
+			if _, err := fmt.Sscanf(dev, "d%d", &i); err != nil || i < 0 || i >= n {
 				return
 			}
-			dev, _ := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())
-			r := wire.Result{V: 1, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence, Status: wire.StatusApplied,
-				Code: wire.CodeOK, Reason: "echo", LastFence: cmd.Fence, At: time.Now().UTC()}
-			b, _ := json.Marshal(r)
-			c.Publish(cmd.ReplyTo, 1, false, b) // not waited for: never block paho's handler
-		})
+			lanes[i] <- m
+		}
+	}
+	o := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-bench-echo").SetCleanSession(true).
+		SetCustomOpenConnectionFn(mqtt.OpenConnection). // the agent's connection (mqtt/conn.go)
+		SetDefaultPublishHandler(handler)
 	c = paho.NewClient(o)
+	stop := func() {
+		c.Disconnect(100)
+		for _, l := range lanes {
+			close(l)
+		}
+		if drv != nil {
+			drv.Close()
+		}
+	}
 	if t := c.Connect(); !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		stop()
 		return nil, fmt.Errorf("echo connect: %v", t.Error())
 	}
 	if t := c.Subscribe(wire.CmdFilter(wire.DefaultPrefix, gw), 1, nil); !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		stop()
 		return nil, fmt.Errorf("echo subscribe: %v", t.Error())
 	}
-	return func() { c.Disconnect(100) }, nil
+	return stop, nil
+}
+
+// startSimInProcess runs a firmware simulator of n generic devices d0.. in
+// this process.
+func startSimInProcess(n int) (*sim.Sim, error) {
+	types := map[string]string{}
+	for i := 0; i < n; i++ {
+		types[fmt.Sprintf("d%d", i)] = "generic"
+	}
+	fw, err := sim.New(sim.Options{Devices: types})
+	if err != nil {
+		return nil, err
+	}
+	if err := fw.Start(context.Background(), "127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	return fw, nil
 }
 
 // target is what answers the commands: the echo baseline or edge-agent,
 // in this process or as processes built into bins.
 type target struct {
-	bins  string // "" with -inprocess
-	agent bool
-	dir   string
+	bins string // "" with -inprocess
+	kind kind
+	dir  string
+}
+
+// kind is what answers the commands.
+type kind int
+
+const (
+	echoKind       kind = iota // answers at once
+	deviceEchoKind             // forwards each command to firmware-sim, then answers
+	agentKind                  // edge-agent
+)
+
+func (k kind) String() string {
+	return [...]string{"echo", "device-echo", "edge-agent"}[k]
 }
 
 func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	switch {
-	case inProcess && !t.agent:
-		return startEcho(broker)
-	case inProcess:
+	case inProcess && t.kind == agentKind:
 		at := &agentTarget{dir: t.dir}
 		if err := at.start(broker, n); err != nil {
 			return nil, err
 		}
 		return at.stop, nil
-	case !t.agent:
-		return startEchoProcess(broker, m)
+	case inProcess && t.kind == deviceEchoKind:
+		fw, err := startSimInProcess(n)
+		if err != nil {
+			return nil, err
+		}
+		stop, err := startEcho(broker, fw.URL(), n)
+		if err != nil {
+			fw.Close()
+			return nil, err
+		}
+		return func() { stop(); fw.Close() }, nil
+	case inProcess:
+		return startEcho(broker, "", 0)
+	case t.kind == agentKind:
+		return startAgentProcesses(t.bins, t.dir, broker, n, m)
+	case t.kind == deviceEchoKind:
+		url, stopSim, err := startSimProcess(t.bins, n, m)
+		if err != nil {
+			return nil, err
+		}
+		stop, err := startEchoProcess(broker, url, n, m)
+		if err != nil {
+			stopSim()
+			return nil, err
+		}
+		return func() { stop(); stopSim() }, nil
 	}
-	return startAgentProcesses(t.bins, t.dir, broker, n, m)
+	return startEchoProcess(broker, "", 0, m)
 }
 
 // measure runs n closed-loop controllers (one per device, one command in
@@ -354,7 +480,7 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 	}
 	wg.Wait()
 	<-meterStarted
-	cpu := m.perCommand(int(count.Load()))
+	cpu, cpuParts := m.perCommand(int(count.Load()))
 	if f := fails.Load(); f > 0 {
 		return stats{}, fmt.Errorf("%d commands got no Result within 30s", f)
 	}
@@ -368,7 +494,7 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	measured := dur - dur/10
 	return stats{n: len(all), perSec: float64(len(all)) / measured.Seconds(),
-		p50: all[len(all)/2], p99: all[len(all)*99/100], cpu: cpu}, nil
+		p50: all[len(all)/2], p99: all[len(all)*99/100], cpu: cpu, cpuParts: cpuParts, cpuNames: m.names}, nil
 }
 
 // startMosquitto runs mosquitto with the shipped configs/mosquitto.conf,

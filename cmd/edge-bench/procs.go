@@ -29,8 +29,9 @@ func buildBinaries(dir string) (string, error) {
 
 // startEchoProcess runs this binary as the echo baseline (-echo); closing
 // its stdin stops it.
-func startEchoProcess(broker string, m *cpuMeter) (func(), error) {
-	cmd := exec.Command(os.Args[0], "-echo", broker)
+// With a device URL it is the device-echo baseline (startEcho).
+func startEchoProcess(broker, deviceURL string, n int, m *cpuMeter) (func(), error) {
+	cmd := exec.Command(os.Args[0], "-echo", broker, "-echo-device", deviceURL, "-echo-devices", fmt.Sprint(n))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -53,13 +54,9 @@ func startEchoProcess(broker string, m *cpuMeter) (func(), error) {
 	return func() { in.Close(); waitOrKill(cmd, 5*time.Second) }, nil
 }
 
-// startAgentProcesses runs firmware-sim and edge-agent (with every commit
-// fsynced, as configured by default) as processes, the agent's admin API on
-// a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
+// startSimProcess runs firmware-sim with n generic devices d0.. and
+// returns its URL.
+func startSimProcess(bins string, n int, m *cpuMeter) (string, func(), error) {
 	var devs []string
 	for i := 0; i < n; i++ {
 		devs = append(devs, fmt.Sprintf("d%d:generic", i))
@@ -73,22 +70,36 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 	simCmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	out, err := simCmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	// One log line per applied write goes to stderr: discarded here.
 	if err := simCmd.Start(); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	line, err := bufio.NewReader(out).ReadString('\n')
 	url := strings.TrimSpace(strings.TrimPrefix(line, "firmware-sim listening on "))
 	if err != nil || !strings.HasPrefix(url, "http://") {
 		waitOrKill(simCmd, time.Second)
-		return nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
+		return "", nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
 	}
 	go io.Copy(io.Discard, out)
+	m.add("firmware-sim", simCmd.Process.Pid)
+	return url, func() { waitOrKill(simCmd, 5*time.Second) }, nil
+}
+
+// startAgentProcesses runs firmware-sim and edge-agent (with every commit
+// fsynced, as configured by default) as processes, the agent's admin API on
+// a free port to wait for /readyz.
+func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	url, stopSim, err := startSimProcess(bins, n, m)
+	if err != nil {
+		return nil, err
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		waitOrKill(simCmd, time.Second)
+		stopSim()
 		return nil, err
 	}
 	admin := l.Addr().String()
@@ -100,19 +111,19 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 	}
 	cfg := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
-		waitOrKill(simCmd, time.Second)
+		stopSim()
 		return nil, err
 	}
 	agentCmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
 	agentCmd.Env = append(os.Environ(), agentEnv...)
 	agentCmd.Stderr = os.Stderr
 	if err := agentCmd.Start(); err != nil {
-		waitOrKill(simCmd, time.Second)
+		stopSim()
 		return nil, err
 	}
 	stop := func() {
 		waitOrKill(agentCmd, 10*time.Second)
-		waitOrKill(simCmd, 5*time.Second)
+		stopSim()
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -121,7 +132,6 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				m.add("edge-agent", agentCmd.Process.Pid)
-				m.add("firmware-sim", simCmd.Process.Pid)
 				return stop, nil
 			}
 		}
