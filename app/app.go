@@ -209,14 +209,16 @@ func (a *App) Reload(ctx context.Context) error {
 	return a.host.Reload(ctx)
 }
 
-// Stop drains within ctx (shutdown_timeout) and closes everything.
+// Stop drains within ctx (shutdown_timeout) and closes everything. A
+// failure of the store's final commit is its error too (invariant 5: a
+// failed commit never ends in a clean stop).
 func (a *App) Stop(ctx context.Context) error {
 	err := a.ag.Stop(ctx)
-	a.closeAll()
-	return err
+	return errors.Join(err, a.closeAll())
 }
 
-func (a *App) closeAll() {
+// closeAll closes what is open; its error is the store's Close error.
+func (a *App) closeAll() error {
 	if a.adm != nil {
 		sctx, c := context.WithTimeout(context.Background(), time.Second)
 		a.adm.Shutdown(sctx)
@@ -235,8 +237,11 @@ func (a *App) closeAll() {
 		a.http.Close()
 	}
 	if a.st != nil {
-		a.st.Close()
+		if err := a.st.Close(); err != nil {
+			return fmt.Errorf("closing the store: %w", err)
+		}
 	}
+	return nil
 }
 
 // lateClient lets the agent be built before the MQTT client exists (the

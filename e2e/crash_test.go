@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -148,5 +151,39 @@ func TestGracefulStopDrains(t *testing.T) {
 	_, rec := e.lastFence("pump-7")
 	if rec.Status != store.OpFinal {
 		t.Fatalf("op left %s after the drain", rec.Status)
+	}
+}
+
+// Found by the review of store.Later: a published Result's outbox deletion
+// waits for the next commit, which at a stop is the store's final commit
+// in Close. That commit failing was logged but Stop returned nil, so the
+// agent exited 0 after a failed fsync (invariant 5: a failed commit never
+// ends in a clean stop). Now it is Stop's error, and `run` exits 1.
+func TestStopAfterAFailedFinalCommitIsAnError(t *testing.T) {
+	e := newEnv(t, pump("pump-7"))
+	var arm atomic.Bool
+	var injected atomic.Int64
+	e.failCommit = func() error {
+		if arm.Load() {
+			injected.Add(1)
+			return errors.New("injected fsync failure at the final commit")
+		}
+		return nil
+	}
+	a := e.start()
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
+	// The Result's outbox deletion is now queued for the next commit
+	// (store.LaterWithin, 1s): stop before it is due.
+	arm.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := a.Stop(ctx)
+	e.app = nil
+	if injected.Load() == 0 {
+		t.Fatal("no commit was attempted during the stop: the fault did not happen")
+	}
+	if !errors.Is(err, store.ErrFailed) {
+		t.Fatalf("Stop = %v after a failed final commit, want store.ErrFailed", err)
 	}
 }

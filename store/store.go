@@ -90,7 +90,10 @@ type Store struct {
 	idx       *opIndex
 
 	later     []func(*Tx) error // Later's updates, for the next commit (under mu)
-	laterWake chan struct{}     // Later queued the first of them
+	laterDone bool              // the final commit at Close has taken them: Later drops (under mu)
+
+	failedAtClose bool          // failed is the final commit's at Close (under mu)
+	laterWake     chan struct{} // Later queued the first of them
 }
 
 // LaterWithin is how long an update queued with Later waits at most for a
@@ -271,14 +274,15 @@ func (s *Store) Submit(ctx context.Context, fn func(*Tx) error) <-chan error {
 
 // Later queues fn for the next commit without causing one: it rides along
 // with the next batch of updates, or is committed on its own after
-// LaterWithin, or when the store closes. Nothing waits for it, so it is
+// LaterWithin, or in Close's final commit. Nothing waits for it, so it is
 // for writes a crash may lose: a lost one must only make the agent repeat
 // work that is safe to repeat (the deletion of a published Result: the
 // Result is published again). An error from fn fails the commit and the
-// store, as from an Update. After a failure or Close, fn is dropped.
+// store, as from an Update. After a failure, or once Close's final commit
+// has begun, fn is dropped.
 func (s *Store) Later(fn func(*Tx) error) {
 	s.mu.Lock()
-	if s.failed != nil || s.closed {
+	if s.failed != nil || s.closed || s.laterDone {
 		s.mu.Unlock()
 		return
 	}
@@ -293,12 +297,14 @@ func (s *Store) Later(fn func(*Tx) error) {
 	}
 }
 
-// takeLater returns the updates queued by Later, and forgets them.
-func (s *Store) takeLater() []func(*Tx) error {
+// takeLater returns the updates queued by Later, and forgets them; final
+// (Close's last commit) makes Later drop any that come after.
+func (s *Store) takeLater(final bool) []func(*Tx) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.later
 	s.later = nil
+	s.laterDone = s.laterDone || final
 	return l
 }
 
@@ -333,9 +339,13 @@ func (s *Store) loop() {
 		case <-s.quit:
 			s.drain(ErrClosed)
 			// Later's updates are committed, not dropped: a clean stop
-			// leaves nothing to repeat.
-			if err := s.commit(batch[:0]); err != nil {
-				s.fail(err, nil)
+			// leaves nothing to repeat. A failure here is Close's error.
+			if err := s.commitFinal(); err != nil {
+				s.mu.Lock()
+				s.failed, s.failedAtClose = err, true
+				s.mu.Unlock()
+				close(s.failedCh)
+				s.log.Error("store: the final commit at close failed", "err", err)
 			}
 			return
 		}
@@ -395,9 +405,17 @@ func (s *Store) drain(err error) {
 }
 
 func (s *Store) commit(batch []*request) error {
+	return s.commitWith(batch, s.takeLater(false))
+}
+
+// commitFinal commits what Later queued, at Close.
+func (s *Store) commitFinal() error {
+	return s.commitWith(nil, s.takeLater(true))
+}
+
+func (s *Store) commitWith(batch []*request, later []func(*Tx) error) error {
 	var hooks []func()
 	var txid uint64
-	later := s.takeLater()
 	if len(batch) == 0 && len(later) == 0 {
 		return nil
 	}
@@ -444,8 +462,20 @@ func (s *Store) commit(batch []*request) error {
 	return nil
 }
 
-// Close stops the commit loop (waiting updates get ErrClosed) and closes the
-// file. It is idempotent.
+// finalErr is the failure of Close's final commit, if that is what failed
+// the store (a failure while running was reported then).
+func (s *Store) finalErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failedAtClose {
+		return fmt.Errorf("%w: %v", ErrFailed, s.failed)
+	}
+	return nil
+}
+
+// Close stops the commit loop (waiting updates get ErrClosed), commits
+// what Later queued, and closes the file. It returns the failure of that
+// final commit, else the file's close error. It is idempotent.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
@@ -463,7 +493,8 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		s.sendMu.Unlock()
 		s.drain(ErrClosed)
-		err = s.db.Close()
+		final := s.finalErr()
+		err = errors.Join(final, s.db.Close())
 	})
 	return err
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -586,5 +588,91 @@ func TestLaterFailureFailsTheStore(t *testing.T) {
 	err := s.Update(context.Background(), func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 1}) })
 	if !errors.Is(err, ErrFailed) || s.Err() == nil {
 		t.Fatalf("Update along with a failing Later: %v (store: %v), want ErrFailed", err, s.Err())
+	}
+}
+
+// TestCloseReportsAFailedFinalCommit: Close's final commit (Later's
+// updates) failing is Close's error and the store's, never a clean stop
+// (invariant 5); the update is not applied.
+func TestCloseReportsAFailedFinalCommit(t *testing.T) {
+	var arm atomic.Bool
+	var injected atomic.Int64
+	path := filepath.Join(t.TempDir(), "agent.db")
+	s, err := Open(path, &Options{FailCommit: func() error {
+		if arm.Load() {
+			injected.Add(1)
+			return errors.New("disk on fire at close")
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if err := s.Update(context.Background(), func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 1}) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Later(func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 2}) })
+	arm.Store(true)
+	err = s.Close()
+	if injected.Load() == 0 {
+		t.Fatal("the final commit was not attempted: no failure injected")
+	}
+	if !errors.Is(err, ErrFailed) || s.Err() == nil {
+		t.Fatalf("Close() = %v, Err() = %v; want ErrFailed and the failure", err, s.Err())
+	}
+	checkIntegrity(t, path)
+	s2, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	s2.View(func(tx *Tx) error {
+		if d, _, _ := tx.Device("a"); d.LastFence != 1 {
+			t.Errorf("the failed final commit's update is on disk: last_fence %d", d.LastFence)
+		}
+		return nil
+	})
+}
+
+// TestLaterRacingCloseIsCommittedOrDropped: a Later racing Close is either
+// in the final commit or dropped, never left queued for a commit that will
+// not come.
+func TestLaterRacingCloseIsCommittedOrDropped(t *testing.T) {
+	for i := 0; i < 100; i++ {
+		s, err := Open(filepath.Join(t.TempDir(), "agent.db"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		stop := make(chan struct{})
+		var calls atomic.Int64
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				calls.Add(1)
+				s.Later(func(*Tx) error { return nil })
+			}
+		}()
+		for calls.Load() < 10 {
+			runtime.Gosched()
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		<-done
+		s.mu.Lock()
+		left := len(s.later)
+		s.mu.Unlock()
+		if left > 0 {
+			t.Fatalf("run %d: %d Later updates left queued after Close", i, left)
+		}
 	}
 }
