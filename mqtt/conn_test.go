@@ -106,15 +106,24 @@ func TestBufConnWriteFailureReachesReader(t *testing.T) {
 
 // resume() may set DUP on what Get returns while the packet stored by
 // Publish is being written: Get must hand out a copy (paho issue #703).
-func TestStoreGetCopiesPublishes(t *testing.T) {
+func TestStoreCopiesPublishes(t *testing.T) {
 	s := newStore()
 	s.Open()
 	p := packets.NewControlPacket(packets.Publish).(*packets.PublishPacket)
 	p.Qos, p.MessageID, p.TopicName, p.Payload = 1, 7, "a/b", []byte("x")
 	s.Put("o.7", p)
+	// The publisher's packet, written by paho's outgoing goroutine after
+	// Put: the store must not share it.
+	p.FixedHeader.RemainingLength = 99
 	got := s.Get("o.7").(*packets.PublishPacket)
 	if got == p {
-		t.Fatal("Get returned the stored packet itself")
+		t.Fatal("Get returned the packet given to Put")
+	}
+	if got.RemainingLength == 99 {
+		t.Fatal("the store shares the packet given to Put: a write of it races with resume()")
+	}
+	if again := s.Get("o.7").(*packets.PublishPacket); again == got {
+		t.Fatal("Get returned the same object twice")
 	}
 	got.Dup = true
 	if p.Dup || got.TopicName != "a/b" || string(got.Payload) != "x" || got.MessageID != 7 || got.Qos != 1 {
