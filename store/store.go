@@ -90,10 +90,8 @@ type Store struct {
 	idx       *opIndex
 
 	later     []func(*Tx) error // Later's updates, for the next commit (under mu)
-	laterDone bool              // the final commit at Close has taken them: Later drops (under mu)
-
-	failedAtClose bool          // failed is the final commit's at Close (under mu)
-	laterWake     chan struct{} // Later queued the first of them
+	laterDone bool              // Close's final commit has taken them: Later drops (under mu)
+	laterWake chan struct{}     // Later queued the first of them
 }
 
 // LaterWithin is how long an update queued with Later waits at most for a
@@ -330,9 +328,8 @@ func (s *Store) loop() {
 			continue
 		case <-laterC:
 			laterC = nil
-			batch = batch[:0]
-			if err := s.commit(batch); err != nil {
-				s.fail(err, batch)
+			if err := s.commit(nil); err != nil {
+				s.fail(err, nil)
 				return
 			}
 			continue
@@ -341,11 +338,7 @@ func (s *Store) loop() {
 			// Later's updates are committed, not dropped: a clean stop
 			// leaves nothing to repeat. A failure here is Close's error.
 			if err := s.commitFinal(); err != nil {
-				s.mu.Lock()
-				s.failed, s.failedAtClose = err, true
-				s.mu.Unlock()
-				close(s.failedCh)
-				s.log.Error("store: the final commit at close failed", "err", err)
+				s.markFailed(err)
 			}
 			return
 		}
@@ -373,12 +366,7 @@ func (s *Store) loop() {
 // fail records a failed commit, answers the updates of its batch, and
 // keeps answering ErrFailed until Close, so no Submit can hang.
 func (s *Store) fail(err error, batch []*request) {
-	s.mu.Lock()
-	s.failed = err
-	s.later = nil
-	s.mu.Unlock()
-	close(s.failedCh)
-	s.log.Error("store: commit failed; stopping (invariant 5: nothing more is sent, published or acknowledged)", "err", err)
+	s.markFailed(err)
 	for _, r := range batch {
 		r.done <- fmt.Errorf("%w: %v", ErrFailed, err)
 	}
@@ -391,6 +379,17 @@ func (s *Store) fail(err error, batch []*request) {
 			return
 		}
 	}
+}
+
+// markFailed records the commit failure that stops the store; Later's
+// queued updates are dropped with it.
+func (s *Store) markFailed(err error) {
+	s.mu.Lock()
+	s.failed = err
+	s.later = nil
+	s.mu.Unlock()
+	close(s.failedCh)
+	s.log.Error("store: commit failed; stopping (invariant 5: nothing more is sent, published or acknowledged)", "err", err)
 }
 
 func (s *Store) drain(err error) {
@@ -463,11 +462,12 @@ func (s *Store) commitWith(batch []*request, later []func(*Tx) error) error {
 }
 
 // finalErr is the failure of Close's final commit, if that is what failed
-// the store (a failure while running was reported then).
+// the store (a failure while running was reported then, and the loop
+// never reaches the final commit after one).
 func (s *Store) finalErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failedAtClose {
+	if s.laterDone && s.failed != nil {
 		return fmt.Errorf("%w: %v", ErrFailed, s.failed)
 	}
 	return nil
