@@ -1,10 +1,12 @@
 // Command edge-bench is the end-to-end benchmark of `make bench`: for 1, 8
 // and 64 devices it measures commands per second and p50/p99 latency from
 // publishing a command to receiving its Result through a real mosquitto
-// (started with configs/mosquitto.conf), for edge-agent and for an echo
+// (started with configs/mosquitto.conf), for edge-agent, for an echo
 // baseline that answers each command without doing anything (same broker,
-// same client library), and prints the ratio. Each device's controller keeps
-// one command in flight, as an owner does (DESIGN.md: the next command only
+// same client library), and for a device-echo that only forwards each
+// command to firmware-sim before answering; it prints the ratios and the
+// CPU every process spent per command. Each device's controller keeps one
+// command in flight, as an owner does (DESIGN.md: the next command only
 // after the previous one has its final Result).
 package main
 
@@ -192,7 +194,7 @@ func run(dur time.Duration, devList, out string) error {
 }
 
 // agentTarget runs edge-agent in-process against the broker, with a
-// firmware simulator for its devices; nil target means the echo baseline.
+// firmware simulator for its devices (-inprocess).
 type agentTarget struct {
 	dir string
 	a   *app.App
