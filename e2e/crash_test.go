@@ -160,30 +160,40 @@ func TestGracefulStopDrains(t *testing.T) {
 // agent exited 0 after a failed fsync (invariant 5: a failed commit never
 // ends in a clean stop). Now it is Stop's error, and `run` exits 1.
 func TestStopAfterAFailedFinalCommitIsAnError(t *testing.T) {
-	e := newEnv(t, pump("pump-7"))
-	var arm atomic.Bool
-	var injected atomic.Int64
-	e.failCommit = func() error {
-		if arm.Load() {
-			injected.Add(1)
-			return errors.New("injected fsync failure at the final commit")
+	// The deletion waits at most store.LaterWithin (1s) for a commit: a
+	// test stalled that long between the Result and Stop commits it before
+	// the stop, and the final commit has nothing to fail. Try again then.
+	for attempt := 1; ; attempt++ {
+		e := newEnv(t, pump("pump-7"))
+		var arm atomic.Bool
+		var injected atomic.Int64
+		e.failCommit = func() error {
+			if arm.Load() {
+				injected.Add(1)
+				return errors.New("injected fsync failure at the final commit")
+			}
+			return nil
 		}
-		return nil
-	}
-	a := e.start()
-	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
-	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
-	// The Result's outbox deletion is now queued for the next commit
-	// (store.LaterWithin, 1s): stop before it is due.
-	arm.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := a.Stop(ctx)
-	e.app = nil
-	if injected.Load() == 0 {
-		t.Fatal("no commit was attempted during the stop: the fault did not happen")
-	}
-	if !errors.Is(err, store.ErrFailed) {
-		t.Fatalf("Stop = %v after a failed final commit, want store.ErrFailed", err)
+		a := e.start()
+		e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+		want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
+		// The Result's outbox deletion is now queued for the next commit:
+		// stop before it is due.
+		arm.Store(true)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := a.Stop(ctx)
+		cancel()
+		e.app = nil
+		if injected.Load() == 0 {
+			if attempt < 3 {
+				t.Logf("attempt %d: the deletion was committed before the stop; again", attempt)
+				continue
+			}
+			t.Fatal("no commit was attempted during the stop in 3 attempts: the fault did not happen")
+		}
+		if !errors.Is(err, store.ErrFailed) {
+			t.Fatalf("Stop = %v after a failed final commit, want store.ErrFailed", err)
+		}
+		return
 	}
 }
