@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -206,12 +207,7 @@ func (t *agentTarget) start(broker string, n int) error {
 	if t.fw, err = startSimInProcess(n); err != nil {
 		return err
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: \"\"\ndevices:\n", gw, t.dir, broker, n)
-	for i := 0; i < n; i++ {
-		fmt.Fprintf(&b, "  - id: d%d\n    type: generic\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, t.fw.URL())
-	}
-	cfg, err := config.Parse([]byte(b.String()))
+	cfg, err := config.Parse([]byte(agentYAML(t.dir, broker, "", t.fw.URL(), n)))
 	if err != nil {
 		return err
 	}
@@ -296,8 +292,8 @@ func startEcho(broker, deviceURL string, n int) (func(), error) {
 		}
 		handler = func(_ paho.Client, m paho.Message) {
 			dev, _ := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())
-			var i int
-			if _, err := fmt.Sscanf(dev, "d%d", &i); err != nil || i < 0 || i >= n {
+			i, err := strconv.Atoi(strings.TrimPrefix(dev, "d"))
+			if err != nil || i < 0 || i >= n {
 				return
 			}
 			lanes[i] <- m
@@ -325,6 +321,18 @@ func startEcho(broker, deviceURL string, n int) (func(), error) {
 		return nil, fmt.Errorf("echo subscribe: %v", t.Error())
 	}
 	return stop, nil
+}
+
+// agentYAML is the agent's configuration for the benchmark: n generic
+// devices d0.. at the firmware simulator simURL, every commit fsynced (the
+// default), the admin API on admin ("": none).
+func agentYAML(dataDir, broker, admin, simURL string, n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: %q\ndevices:\n", gw, dataDir, broker, n, admin)
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "  - id: d%d\n    type: generic\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, simURL)
+	}
+	return b.String()
 }
 
 // startSimInProcess runs a firmware simulator of n generic devices d0.. in

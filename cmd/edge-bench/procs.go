@@ -104,13 +104,8 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 	}
 	admin := l.Addr().String()
 	l.Close()
-	var b strings.Builder
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: %s\ndevices:\n", gw, filepath.Join(dir, "data"), broker, n, admin)
-	for i := 0; i < n; i++ {
-		fmt.Fprintf(&b, "  - id: d%d\n    type: generic\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, url)
-	}
 	cfg := filepath.Join(dir, "agent.yaml")
-	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(agentYAML(filepath.Join(dir, "data"), broker, admin, url, n)), 0o600); err != nil {
 		stopSim()
 		return nil, err
 	}
