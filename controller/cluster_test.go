@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
 
 // register is a fenced resource for the etcd-only tests: it accepts a

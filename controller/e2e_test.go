@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/controller/etcdtest"
-	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

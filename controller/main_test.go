@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/controller/etcdtest"
+	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
 
 // TestMain lets the test binary run as a separate holder process

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/agent"
-	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/internal/agent"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/internal/store"
 )
 
 type inspectDevice struct {

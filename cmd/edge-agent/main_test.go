@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/internal/store"
 )
 
 var bin string

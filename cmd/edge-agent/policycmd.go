@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/edge-agent/edge-agent/policy"
+	"github.com/edge-agent/edge-agent/internal/policy"
 )
 
 func policyCmd() *cobra.Command {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/edge-agent/edge-agent/app"
-	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/internal/app"
+	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/configs"
 )
 

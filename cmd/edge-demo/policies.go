@@ -5,7 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/edge-agent/edge-agent/config"
+	"github.com/edge-agent/edge-agent/internal/config"
 )
 
 // bindDemoPolicies binds the example plugins to the demo devices when they

@@ -20,12 +20,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/edge-agent/edge-agent/agent"
-	"github.com/edge-agent/edge-agent/config"
-	"github.com/edge-agent/edge-agent/device"
-	"github.com/edge-agent/edge-agent/mqtt"
-	"github.com/edge-agent/edge-agent/policy"
-	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/internal/agent"
+	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/policy"
+	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
 

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/internal/store"
 )
 
 // pubItem is one message to publish: a Result from the outbox (seq > 0:

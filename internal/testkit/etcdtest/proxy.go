@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
 // Proxy forwards TCP connections from a loopback address to an etcd

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/mqtt"
-	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
 func TestNewEmbeddedValidates(t *testing.T) {

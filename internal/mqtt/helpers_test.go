@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/mqtt"
-	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
 // brokers are the two brokers every behaviour is tested against.

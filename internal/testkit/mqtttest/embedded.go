@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/mqtt"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
 )
 
 // EmbeddedBroker is an mqtt.Embedded on a free loopback port with its data

@@ -3,7 +3,7 @@ package etcdtest
 import (
 	"testing"
 
-	"github.com/edge-agent/edge-agent/mqtt/mqtttest"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
 // StartMosquitto runs a real mosquitto with the shipped

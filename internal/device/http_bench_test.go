@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/edge-agent/edge-agent/device"
+	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 )
 

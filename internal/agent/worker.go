@@ -11,9 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/edge-agent/edge-agent/device"
-	"github.com/edge-agent/edge-agent/policy"
-	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/policy"
+	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
 

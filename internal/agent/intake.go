@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/edge-agent/edge-agent/policy"
-	"github.com/edge-agent/edge-agent/store"
+	"github.com/edge-agent/edge-agent/internal/policy"
+	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/device"
+	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 )
 

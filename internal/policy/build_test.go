@@ -35,13 +35,13 @@ var goPlugins = map[string]string{
 	"interlock":   "./plugins/interlock",
 	"allowlist":   "./plugins/allowlist",
 	"time-window": "./plugins/time-window",
-	"goloop":      "./policy/testdata/goloop",
-	"gomembomb":   "./policy/testdata/gomembomb",
-	"gopanic":     "./policy/testdata/gopanic",
-	"goexit":      "./policy/testdata/goexit",
-	"gosleep":     "./policy/testdata/gosleep",
-	"gonop":       "./policy/testdata/gonop",
-	"gorawnop":    "./policy/testdata/gorawnop",
+	"goloop":      "./internal/policy/testdata/goloop",
+	"gomembomb":   "./internal/policy/testdata/gomembomb",
+	"gopanic":     "./internal/policy/testdata/gopanic",
+	"goexit":      "./internal/policy/testdata/goexit",
+	"gosleep":     "./internal/policy/testdata/gosleep",
+	"gonop":       "./internal/policy/testdata/gonop",
+	"gorawnop":    "./internal/policy/testdata/gorawnop",
 }
 
 // cPlugins are the C plugins, by name.
@@ -92,14 +92,14 @@ func toolVersion(name string, args ...string) (string, error) {
 }
 
 // sourceHash hashes every input of the build: the sources under plugins/
-// and policy/testdata/, go.mod, go.sum and the tools' versions.
+// and internal/policy/testdata/, go.mod, go.sum and the tools' versions.
 func sourceHash(root string, versions []string) (string, error) {
 	h := sha256.New()
 	for _, v := range versions {
 		io.WriteString(h, v+"\n")
 	}
 	var files []string
-	for _, dir := range []string{"plugins", "policy/testdata"} {
+	for _, dir := range []string{"plugins", "internal/policy/testdata"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
@@ -175,7 +175,7 @@ func buildAll() (map[string]string, error) {
 		out[name] = dst
 		jobs = append(jobs, job{name, exec.Command("clang", cFlags(dst+".tmp", src)...)})
 	}
-	wats, _ := filepath.Glob(filepath.Join(root, "policy/testdata/*.wat"))
+	wats, _ := filepath.Glob(filepath.Join(root, "internal/policy/testdata/*.wat"))
 	for _, src := range wats {
 		name := strings.TrimSuffix(filepath.Base(src), ".wat")
 		dst := filepath.Join(dir, name+".wasm")
