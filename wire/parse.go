@@ -310,23 +310,52 @@ func writeCanonical(buf *bytes.Buffer, v any) {
 	}
 }
 
-// canonicalNumber writes a JSON number as an exact fraction, so 1, 1.0 and
-// 1e0 are one value. Exponents too large to expand cheaply keep a
-// normalised literal form instead (bounded work on hostile input).
+// canonicalNumber writes a JSON number so that every literal of one value
+// gives one string (1, 1.0, 1e0 and 10e-1 alike): the literal is first
+// reduced to digits D without trailing zeros and an exponent E (value =
+// D x 10^E, a form that depends on the value only), then written as an
+// exact fraction when |E| <= 400, and as "DeE" beyond, where expanding it
+// would cost unbounded work on hostile input. s is a valid JSON number.
 func canonicalNumber(s string) string {
-	if i := strings.IndexAny(s, "eE"); i >= 0 {
-		if e, err := strconv.Atoi(s[i+1:]); err != nil || e > 400 || e < -400 {
-			return strings.ToLower(s)
+	sign := ""
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
+	}
+	mant, exp, _ := strings.Cut(strings.ToLower(s), "e")
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := strings.TrimLeft(whole+frac, "0")
+	trimmed := strings.TrimRight(digits, "0")
+	if trimmed == "" {
+		return "0"
+	}
+	e := new(big.Int)
+	if exp != "" {
+		if _, ok := e.SetString(strings.TrimPrefix(exp, "+"), 10); !ok {
+			return sign + s // not a JSON number; cannot happen after the parser
 		}
 	}
-	r, ok := new(big.Rat).SetString(s)
-	if !ok {
-		return s
+	e.Add(e, big.NewInt(int64(len(digits)-len(trimmed)-len(frac))))
+	if !e.IsInt64() || e.Int64() > 400 || e.Int64() < -400 {
+		return sign + trimmed + "e" + e.String()
+	}
+	r, _ := new(big.Rat).SetString(trimmed)
+	p := new(big.Int).Exp(big.NewInt(10), big.NewInt(abs(e.Int64())), nil)
+	if e.Sign() >= 0 {
+		r.Mul(r, new(big.Rat).SetInt(p))
+	} else {
+		r.Quo(r, new(big.Rat).SetInt(p))
 	}
 	if r.IsInt() {
-		return r.Num().String()
+		return sign + r.Num().String()
 	}
-	return r.String()
+	return sign + r.String()
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 // ContentHash identifies a command's content for op_conflict: action and

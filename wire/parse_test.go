@@ -1,8 +1,11 @@
 package wire
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"reflect"
 	"strings"
 	"testing"
@@ -207,4 +210,71 @@ func FuzzFastPathAgrees(f *testing.F) {
 			}
 		}
 	})
+}
+
+// PROTOCOL.md §1: op_conflict compares params as JSON values; number
+// formatting must not matter, whatever the exponent (issue 9, defect 6:
+// beyond |exponent| 400 the literal was kept, so 1e401 and 10e400 hashed
+// differently and a resend was answered op_conflict).
+func TestContentHashIgnoresNumberFormatting(t *testing.T) {
+	same := [][]string{
+		{`1e401`, `10e400`, `1.0e401`, `0.1e402`, `1E+401`, `100000e396`},
+		{`-1e401`, `-10e400`, `-1.00e401`},
+		{`1e-401`, `0.1e-400`, `10e-402`, `0.00001e-396`},
+		{`1`, `1.0`, `1e0`, `10e-1`, `0.001e3`, `1.000000`},
+		{`0`, `-0`, `0.0`, `0e999999999999999999999`, `-0.0e-5`},
+		{`1.5`, `15e-1`, `0.15e1`, `150e-2`},
+		{`123456789e400`, `1.23456789e408`, `12345678900e398`},
+		{`7e-400`, `70e-401`},
+		{`7e400`, `0.7e401`},
+	}
+	for _, group := range same {
+		var first []byte
+		for _, lit := range group {
+			h, err := ContentHash("set", []byte(`{"x":`+lit+`}`))
+			if err != nil {
+				t.Fatalf("%s: %v", lit, err)
+			}
+			if first == nil {
+				first = h
+			} else if !bytes.Equal(h, first) {
+				t.Errorf("%s hashes differently from %s (%s vs %s)", lit, group[0],
+					canonicalNumber(lit), canonicalNumber(group[0]))
+			}
+		}
+	}
+	differ := [][2]string{{`1e401`, `1e400`}, {`1e401`, `-1e401`}, {`1e-401`, `1e401`}, {`1.5`, `1.25`}, {`2e400`, `2e401`}}
+	for _, p := range differ {
+		if canonicalNumber(p[0]) == canonicalNumber(p[1]) {
+			t.Errorf("%s and %s are different values but canonicalise alike (%s)", p[0], p[1], canonicalNumber(p[0]))
+		}
+	}
+}
+
+// Two literals whose exact values are equal canonicalise alike, and
+// different values differently (checked against big.Float at a precision
+// that holds these short literals exactly).
+func FuzzCanonicalNumber(f *testing.F) {
+	for _, s := range [][2]string{{"1e401", "10e400"}, {"1.5", "15e-1"}, {"0", "-0.0"}, {"7e-400", "70e-401"}, {"12", "13"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if !jsonNumber(a) || !jsonNumber(b) || len(a) > 40 || len(b) > 40 {
+			return
+		}
+		va, _, err1 := big.ParseFloat(a, 10, 4096, big.ToNearestEven)
+		vb, _, err2 := big.ParseFloat(b, 10, 4096, big.ToNearestEven)
+		if err1 != nil || err2 != nil {
+			return // exponent out of big.Float's range
+		}
+		eq := va.Cmp(vb) == 0
+		if got := canonicalNumber(a) == canonicalNumber(b); got != eq {
+			t.Fatalf("%s and %s: canonical forms %q, %q; values equal: %v", a, b, canonicalNumber(a), canonicalNumber(b), eq)
+		}
+	})
+}
+
+func jsonNumber(s string) bool {
+	var n json.Number
+	return json.Unmarshal([]byte(s), &n) == nil && s != "" && s[0] != ' ' && strings.TrimSpace(s) == s && json.Valid([]byte(s))
 }
