@@ -397,10 +397,11 @@ func (h *HTTP) retrying(d *httpDevice, check retryablehttp.CheckRetry) *retryabl
 }
 
 // Query asks the device whether the write with key was applied: GET
-// {url}/v1/devices/{dev}/ops/{key}. 200 is applied (with the state the
-// device reports); 404 is not applied, and the device has tombstoned the
-// key. A 404 whose JSON body is an error without "applied" (the answer for
-// a device the firmware does not know) is not a tombstone: it is
+// {url}/v1/devices/{dev}/ops/{key}. 200 with "applied": true is applied
+// (with the state the device reports); 404 with "applied": false is not
+// applied, and the device has tombstoned the key. Any other 404 (no JSON
+// body, or one without "applied": false, such as the firmware's answer for
+// a device it does not know) is not a tombstone: it is
 // ErrUnexpectedStatus, as is any other status. A transport error is
 // returned wrapped. Tries that fail without an answer or with a 5xx are
 // retried up to the device's Retries (a query is safe to repeat). ctx
@@ -446,10 +447,15 @@ func (h *HTTP) Query(ctx context.Context, dev, key string) (QueryResult, error) 
 		}
 		return qr, nil
 	case http.StatusNotFound:
-		if parseErr == nil && a.Applied == nil && a.Error != "" {
-			return QueryResult{}, fmt.Errorf("device %s: query %s: 404 %q, not a tombstone: %w", dev, key, a.Error, ErrUnexpectedStatus)
+		// Only the explicit answer is a tombstone: a plain 404 (a device
+		// without the ops route, a wrong base URL, a proxy's page) says
+		// nothing about the key, and reading it as "not applied" would
+		// send the operation again under a new key: a possible second
+		// apply (invariant 2).
+		if parseErr == nil && a.Applied != nil && !*a.Applied {
+			return QueryResult{Applied: false}, nil
 		}
-		return QueryResult{Applied: false}, nil
+		return QueryResult{}, fmt.Errorf(`device %s: query %s: 404 without "applied": false (%s), not a tombstone: %w`, dev, key, errorText(resp, data), ErrUnexpectedStatus)
 	}
 	return QueryResult{}, fmt.Errorf("device %s: query %s: %s: %w", dev, key, errorText(resp, data), ErrUnexpectedStatus)
 }

@@ -332,6 +332,9 @@ func TestQuery(t *testing.T) {
 		"valve-1": {URL: s.URL()},
 		"pump-9":  {URL: s.URL(), Queryable: true},
 		"gone":    {URL: closedPort(t), Queryable: true},
+		// A queryable device whose base URL is wrong: every route is the
+		// server's plain 404.
+		"pump-7x": {URL: s.URL() + "/not-the-firmware", Queryable: true},
 	}})
 	wantResult(t, d.Apply(t.Context(), write("k", `{"rpm":300}`)), device.Applied, 1, "")
 
@@ -355,6 +358,9 @@ func TestQuery(t *testing.T) {
 		{"valve-1", device.ErrNotQueryable},
 		{"nope", device.ErrUnknownDevice},
 		{"pump-9", device.ErrUnexpectedStatus}, // the firmware's "unknown device" 404 is no tombstone
+		// Issue 9, defect 5: a plain 404 was read as a tombstone, so the
+		// agent resent under a new key (a possible second apply).
+		{"pump-7x", device.ErrUnexpectedStatus},
 	} {
 		if _, err := d.Query(t.Context(), tt.dev, "k"); !errors.Is(err, tt.want) {
 			t.Errorf("Query(%s) = %v, want %v", tt.dev, err, tt.want)
