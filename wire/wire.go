@@ -49,6 +49,7 @@ const (
 	CodeDeviceUnreachable Code = "device_unreachable"
 	CodeNotApplied        Code = "not_applied"
 	CodeOutcomeUnknown    Code = "outcome_unknown"
+	CodeUnauthorized      Code = "unauthorized"
 )
 
 // StatusOf returns the status that goes with a code.
@@ -65,11 +66,27 @@ func StatusOf(c Code) Status {
 	}
 }
 
+// Recorded reports whether an outcome with code c leaves an op record
+// (PROTOCOL.md §1, "What is recorded"): every final outcome and unknown,
+// except the ones answered on arrival (unauthorized, invalid,
+// unknown_device, op_conflict, busy) and the ones that end a command
+// without a device write after it entered the inbox (policy_error,
+// device_unreachable). A command that leaves no record is handled afresh
+// when it is sent again.
+func Recorded(c Code) bool {
+	switch c {
+	case CodeUnauthorized, CodeInvalid, CodeUnknownDevice, CodeOpConflict, CodeBusy,
+		CodePolicyError, CodeDeviceUnreachable:
+		return false
+	}
+	return true
+}
+
 // Codes lists every code, for metrics and documentation.
 var Codes = []Code{CodeOK, CodeInvalid, CodeUnknownDevice, CodeStaleFence,
 	CodeLockMismatch, CodeOpConflict, CodePolicyDenied, CodePolicyError,
 	CodeExpired, CodeBusy, CodeDeviceError, CodeDeviceUnreachable,
-	CodeNotApplied, CodeOutcomeUnknown}
+	CodeNotApplied, CodeOutcomeUnknown, CodeUnauthorized}
 
 // Command is what a controller publishes on a device's cmd topic.
 type Command struct {

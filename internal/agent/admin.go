@@ -74,14 +74,13 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 	if rt.drv.Queryable(dev) {
 		return wire.Result{}, fmt.Errorf("%w: %s", ErrQueryable, dev)
 	}
-	code, reason := wire.CodeNotApplied, "an operator resolved the unknown write: it did not happen; it is not resent"
-	if applied {
-		code, reason = wire.CodeOK, "an operator resolved the unknown write: it was applied"
+	dec := Operator(applied)
+	if !applied {
+		state = nil
 	}
 	var res wire.Result
 	var d store.Device
-	var missing, notUnknown bool
-	now := a.now().UTC()
+	var moved, missing, notUnknown bool
 	err := a.st.Update(ctx, func(tx *store.Tx) error {
 		o, ok, err := tx.Op(dev, op)
 		if err != nil {
@@ -95,24 +94,11 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 			notUnknown = true
 			return nil
 		}
-		if d, _, err = tx.Device(dev); err != nil {
+		if d, moved, err = a.endTx(tx, &o, dec, state); err != nil {
 			return err
 		}
-		if applied {
-			d.LastOpID = op
-			if len(state) > 0 {
-				d.State = state
-			} else {
-				d.State = mergeState(d.State, o.ParamsSent)
-			}
-		}
-		d.UpdatedAt = now
-		o.Status, o.Result, o.Code, o.Reason, o.DecidedAt, o.Output = store.OpFinal, wire.StatusOf(code), code, reason, now, nil
-		if applied {
-			o.Output = stateOrEmpty(d.State)
-		}
 		res = resultOf(o, d.LastFence, false)
-		return a.recordOutcome(tx, &o, d.LastFence, &d)
+		return nil
 	})
 	switch {
 	case err != nil:
@@ -125,10 +111,7 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 	case notUnknown:
 		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNotUnknown, dev, op)
 	}
-	a.m.answered(code)
-	if applied {
-		a.publishState(dev, d)
-	}
+	a.ended(rt, dev, dec, d, moved)
 	select {
 	case rt.w.resolve <- struct{}{}:
 	default:

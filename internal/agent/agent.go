@@ -29,7 +29,8 @@ import (
 
 // Publisher is the seam over the MQTT session: PublishAsync hands a QoS 1
 // publish over without waiting for its PUBACK (calls from one goroutine go
-// out in call order).
+// out in call order). An error that wraps ErrUnpublishable says the
+// message can never be published; any other is taken as transient.
 type Publisher interface {
 	PublishAsync(ctx context.Context, topic string, payload []byte, retained bool) (Pending, error)
 }
@@ -70,6 +71,10 @@ type Options struct {
 	Kill      func(point, opID string)
 	KeyRand   func() string                   // nil: 8 random hex digits
 	QueryWait func(attempt int) time.Duration // wait between ops queries; nil: 100ms doubling to 5s
+	// ResendWait is the pause before the n-th resend of an operation the
+	// device confirmed unapplied (n >= 1). Nil: 200ms doubling to 10s,
+	// with jitter.
+	ResendWait func(n int) time.Duration
 }
 
 // Agent is one running command path.
@@ -154,43 +159,14 @@ func New(o Options) (*Agent, error) {
 	return a, nil
 }
 
-// Start recovers from the store and starts the workers and the outbox
-// publisher. Deliver may be called once Start returned.
-//
-// Recovery (DESIGN.md): each worker's inbox is loaded in arrival order; a
-// pending or unknown record at its head is resolved with the device before
-// anything behind it; unpublished Results are queued for publishing.
+// Start recovers from the store (recover) and starts the workers and the
+// outbox publisher. Deliver may be called once Start returned.
 func (a *Agent) Start(ctx context.Context) error {
 	if !a.started.CompareAndSwap(false, true) {
 		return errors.New("agent: already started")
 	}
-	err := a.st.View(func(tx *store.Tx) error {
-		if err := tx.Devices(func(dev string, d store.Device) error {
-			if rt := a.devs[dev]; rt != nil {
-				rt.lastFence.Store(d.LastFence)
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		if err := tx.Inbox(func(e store.InboxEntry) error {
-			w := a.workers[e.Worker]
-			if w == nil {
-				return fmt.Errorf("agent: recovery: inbox of %s holds %s/%s, but the worker is no longer configured; restore its devices or drain it", e.Worker, e.Device, e.OpID)
-			}
-			w.fifo = append(w.fifo, item{InboxEntry: e})
-			w.depth.Add(1)
-			return nil
-		}); err != nil {
-			return err
-		}
-		return tx.Outbox(func(e store.Outbox) error {
-			a.pub.push(outboxItem(e))
-			return nil
-		})
-	})
-	if err != nil {
-		return fmt.Errorf("agent: recovery: %w", err)
+	if err := a.recover(ctx); err != nil {
+		return err
 	}
 	for _, w := range a.workers {
 		a.m.queueDepth.WithLabelValues(w.id).Set(float64(w.depth.Load()))
@@ -201,9 +177,10 @@ func (a *Agent) Start(ctx context.Context) error {
 	go a.intakeLoop()
 	go a.ackLoop()
 	a.pub.run()
-	a.bg.Add(1)
+	a.bg.Add(2)
 	go a.sweepLoop()
 	go func() {
+		defer a.bg.Done()
 		select {
 		case <-a.st.Failed():
 			a.fail(a.st.Err())
@@ -400,6 +377,19 @@ func (a *Agent) sweepLoop() {
 			a.log.Info("retention: deleted final op records", "count", n)
 		}
 	}
+}
+
+// rules is the part of rt's configuration decide.go reads.
+func (a *Agent) rules(rt *devRT) DeviceRules {
+	return DeviceRules{ID: rt.cfg.ID, Lock: rt.cfg.Lock, Policy: a.bound(rt.cfg.ID),
+		Queryable: rt.drv.Queryable(rt.cfg.ID), Resends: *rt.cfg.Driver.Resends}
+}
+
+// bound reports whether a policy may do anything but allow dev's commands
+// unchanged (when the evaluator cannot say, it may).
+func (a *Agent) bound(dev string) bool {
+	b, ok := a.o.Policy.(policy.Binder)
+	return !ok || b.Bound(dev)
 }
 
 // DeviceIDs returns the configured devices, sorted.

@@ -13,4 +13,9 @@ var (
 	// ErrNotUnknown is returned by Resolve for an operation whose outcome is
 	// not unknown.
 	ErrNotUnknown = errors.New("agent: operation is not unknown")
+	// ErrUnpublishable is what a Publisher's PublishAsync error wraps when
+	// the message can never be published (its topic is not a valid MQTT
+	// topic): the publisher drops it, logged and counted, instead of
+	// retrying it for ever ahead of everything behind it.
+	ErrUnpublishable = errors.New("agent: the message can never be published")
 )

@@ -2,26 +2,13 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
-)
-
-// admitKind is what the intake decided for one delivery.
-type admitKind int
-
-const (
-	admitIgnore   admitKind = iota // acknowledged only (retained, empty payload)
-	admitAnswer                    // answered on arrival (invalid, unknown_device)
-	admitQueued                    // entered the inbox
-	admitInFlight                  // a resend of a queued or pending op: acknowledged only
-	admitReplay                    // a resend of a recorded op: its Result replayed
-	admitConflict                  // same op_id, other command: op_conflict
-	admitBusy                      // the worker's queue is full
 )
 
 // arrival is one delivery on its way to its acknowledgement. The acker
@@ -29,7 +16,7 @@ const (
 type arrival struct {
 	d      Delivery
 	done   <-chan error // the admission's commit; nil when no store write was needed
-	kind   admitKind
+	kind   Admission
 	cmd    wire.Command
 	dev    string
 	rec    store.Op // for replays
@@ -46,74 +33,77 @@ func (a *Agent) intakeLoop() {
 		case <-a.stopping:
 			return
 		case d := <-a.incoming:
+			if a.stoppingNow() {
+				return // left unacknowledged: the broker redelivers it
+			}
 			ar := a.admit(d)
 			select {
 			case a.acks <- ar:
 			case <-a.failed:
+				return
+			case <-a.ctx.Done(): // hard stop; the acker may have returned
 				return
 			}
 		}
 	}
 }
 
-// admit runs the checks on arrival (PROTOCOL.md §1, order of checks 1) and
-// submits the admission to the group commit without waiting for it, so one
-// MQTT session's commands share fsyncs.
+// admit runs the checks on arrival (PROTOCOL.md §1, order of checks 1:
+// decide.go's Arrive and Dedup) and submits the admission to the group
+// commit without waiting for it, so one MQTT session's commands share
+// fsyncs.
 func (a *Agent) admit(d Delivery) *arrival {
-	ar := &arrival{d: d}
+	ar := &arrival{d: d, kind: AdmitIgnore}
 	pfx, gw := a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID
-	if d.Retained {
+	dev, isCmd := wire.DeviceFromCmdTopic(pfx, gw, d.Topic)
+	var pe *wire.ParseError
+	var cmd wire.Command
+	if isCmd && !d.Retained && len(d.Payload) > 0 {
+		var err error
+		if cmd, err = wire.ParseCommand(d.Payload); err != nil {
+			errors.As(err, &pe)
+		}
+	}
+	rt := a.devs[dev]
+	kind, code := Arrive(Arrival{Retained: d.Retained, Empty: len(d.Payload) == 0, CmdTopic: isCmd, ParseErr: pe, Known: rt != nil})
+	ar.dev, ar.cmd = dev, cmd
+	switch {
+	case d.Retained:
 		// A replay of a retained message is never a command: log, count,
 		// clear it.
 		a.m.retained.Inc()
 		if len(d.Payload) > 0 {
-			a.log.Warn("ignoring a retained message on a cmd topic, and clearing it", "topic", d.Topic)
+			a.log.Warn("ignoring a retained message on a cmd topic, and clearing it", "topic", clip(d.Topic, 120))
 			a.pub.push(pubItem{topic: d.Topic, payload: nil, retained: true, dev: d.Topic})
 		}
 		return ar
-	}
-	if len(d.Payload) == 0 {
+	case kind == AdmitIgnore:
+		if len(d.Payload) > 0 {
+			a.log.Warn("ignoring a message on an unexpected topic", "topic", clip(d.Topic, 120))
+		}
 		return ar
-	}
-	dev, ok := wire.DeviceFromCmdTopic(pfx, gw, d.Topic)
-	if !ok {
-		a.log.Warn("ignoring a message on an unexpected topic", "topic", d.Topic)
-		return ar
-	}
-	ar.dev = dev
-	cmd, err := wire.ParseCommand(d.Payload)
-	if err != nil {
-		var pe *wire.ParseError
-		errors.As(err, &pe)
-		rt := a.devs[dev]
+	case kind == AdmitAnswer:
 		var lf int64
 		if rt != nil {
 			lf = rt.lastFence.Load()
 		}
-		ar.kind, ar.topic = admitAnswer, a.destination(pe.ReplyTo, dev)
-		if !wire.ValidPublishTopic(ar.topic) {
-			ar.kind = admitIgnore
-			return ar
+		r := wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
+			Status: wire.StatusOf(code), Code: code, LastFence: lf, At: a.now().UTC()}
+		replyTo := cmd.ReplyTo
+		switch code {
+		case wire.CodeInvalid:
+			r.OpID, r.Fence, r.Reason, replyTo = pe.OpID, pe.Fence, pe.Reason, pe.ReplyTo
+		case wire.CodeUnknownDevice:
+			r.Reason = fmt.Sprintf("device %q is not configured on gateway %s", clip(dev, 80), gw)
 		}
-		ar.answer = &wire.Result{V: wire.Version, OpID: pe.OpID, Device: dev, Fence: pe.Fence,
-			Status: wire.StatusRejected, Code: wire.CodeInvalid, Reason: pe.Reason, LastFence: lf, At: a.now().UTC()}
+		a.answerOnArrival(ar, replyTo, r)
 		return ar
 	}
-	ar.cmd = cmd
 	ar.topic = a.destination(cmd.ReplyTo, dev)
-	rt := a.devs[dev]
-	if rt == nil {
-		ar.kind = admitAnswer
-		ar.answer = &wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
-			Status: wire.StatusRejected, Code: wire.CodeUnknownDevice,
-			Reason: fmt.Sprintf("device %q is not configured on gateway %s", dev, gw), At: a.now().UTC()}
-		return ar
-	}
 	hash, err := wire.ContentHash(cmd.Action, cmd.Params)
 	if err != nil { // cannot happen after ParseCommand; answer rather than guess
-		ar.kind = admitAnswer
-		ar.answer = &wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
-			Status: wire.StatusRejected, Code: wire.CodeInvalid, Reason: err.Error(), LastFence: rt.lastFence.Load(), At: a.now().UTC()}
+		a.answerOnArrival(ar, cmd.ReplyTo, wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
+			Status: wire.StatusRejected, Code: wire.CodeInvalid, Reason: err.Error(), LastFence: rt.lastFence.Load(), At: a.now().UTC()})
 		return ar
 	}
 	w := rt.w
@@ -122,50 +112,51 @@ func (a *Agent) admit(d Delivery) *arrival {
 		// Dedup against the record, inside the same serial commit stream
 		// as every other admission, so two deliveries of one op_id cannot
 		// both enter the inbox (invariant 2).
-		o, ok, err := tx.Op(dev, cmd.OpID)
+		rec, found, err := tx.Op(dev, cmd.OpID)
 		if err != nil {
 			return err
 		}
-		if ok {
-			switch {
-			case !bytes.Equal(o.ContentHash, hash):
-				ar.kind = admitConflict
-			case o.Status == store.OpFinal || o.Status == store.OpUnknown:
-				ar.kind, ar.rec = admitReplay, o
-			default:
-				ar.kind = admitInFlight
-			}
-			return nil
+		var recp *store.Op
+		if found {
+			recp = &rec
 		}
-		// The inbox holds the command in hand plus up to limit waiting.
-		if w.depth.Load() > w.limit {
-			ar.kind = admitBusy
+		var refused wire.Code
+		ar.kind, refused = Dedup(recp, found && bytes.Equal(rec.ContentHash, hash), w.depth.Load(), w.limit)
+		switch ar.kind {
+		case AdmitReplay:
+			ar.rec = rec
+			return nil
+		case AdmitAnswer:
+			ar.answer = a.refusal(rt, dev, cmd, refused)
+			return nil
+		case AdmitInFlight:
 			return nil
 		}
 		seq, err := tx.InboxAppend(w.id, dev, cmd.OpID)
 		if err != nil {
 			return err
 		}
-		o = store.Op{Device: dev, OpID: cmd.OpID, Status: store.OpQueued,
+		o := store.Op{Device: dev, OpID: cmd.OpID, Status: store.OpQueued,
 			Fence: cmd.Fence, Action: cmd.Action, Params: cmd.Params, Lock: cmd.Lock,
 			Holder: cmd.Holder, ExpiresAt: cmd.ExpiresAt, ReplyTo: cmd.ReplyTo,
 			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: now.UTC()}
 		it := item{InboxEntry: store.InboxEntry{Worker: w.id, Seq: seq, Device: dev, OpID: cmd.OpID}, op: &o}
-		if w.depth.Load() == 0 && a.decidedOnArrival(rt, &o, now) {
-			// The worker is idle and nothing but the fence is left to
-			// check: decide here, and make this commit the pending write's
-			// (invariant 3: last_fence and the pending record with its
-			// key are durable before the worker sends anything; it waits
-			// for this commit). One commit less on the command's path.
+		if w.depth.Load() == 0 {
+			// The worker is idle: when the checks leave nothing but the
+			// send (no policy; lock, expiry and fence pass), decide here,
+			// and make this commit the pending write's (invariant 3:
+			// last_fence and the pending record with its key are durable
+			// before the worker sends anything; it waits for this
+			// commit). One commit less on the command's path. Anything
+			// else is left to the worker, which decides it with the same
+			// Check.
 			d, _, err := tx.Device(dev)
 			if err != nil {
 				return err
 			}
-			// Invariant 1: a fence below last_fence is left to the
-			// worker, which rejects it.
-			if o.Fence >= d.LastFence {
+			if dec := Check(a.rules(rt), &o, d, now); dec.Step == StepSend {
 				o.ParamsSent = stateOrEmpty(o.Params)
-				if err := a.pendTx(tx, &o, &d, true); err != nil {
+				if err := a.pendTx(tx, &o, &d, dec.Raise); err != nil {
 					return err
 				}
 				ready := make(chan struct{})
@@ -177,7 +168,6 @@ func (a *Agent) admit(d Delivery) *arrival {
 			return err
 		}
 		w.depth.Add(1)
-		ar.kind = admitQueued
 		ar.entry = it.InboxEntry
 		// Hand it to the worker now, in commit order (= arrival order),
 		// without waiting for the fsync: the worker's own next commit
@@ -191,23 +181,53 @@ func (a *Agent) admit(d Delivery) *arrival {
 	return ar
 }
 
-// decidedOnArrival reports whether o can be decided in its admission's
-// commit: every check before the fence passes (PROTOCOL.md order: lock,
-// expires_at), no policy is bound to the device, and it is a write (a
-// barrier is left to the worker). Anything else is left to the worker,
-// which runs every check in order.
-func (a *Agent) decidedOnArrival(rt *devRT, o *store.Op, now time.Time) bool {
-	if o.Action == wire.ActionFence {
-		return false
+// answerOnArrival makes ar an answer on arrival (not recorded) to replyTo,
+// or to the device's result topic. A destination that can never be
+// published to (a device ID that makes the result topic longer than MQTT
+// allows) is not answered: logged and counted, the delivery only
+// acknowledged. Invariant 4 is about commands that entered the inbox; this
+// one never did, and a Result that can never be published must not stall
+// the ones behind it.
+func (a *Agent) answerOnArrival(ar *arrival, replyTo string, r wire.Result) {
+	ar.topic = a.destination(replyTo, ar.dev)
+	if !wire.ValidPublishTopic(ar.topic) && replyTo != "" {
+		ar.topic = a.destination("", ar.dev) // PROTOCOL.md: when reply_to cannot be used, the result topic
 	}
-	if rt.cfg.Lock != "" && o.Lock != rt.cfg.Lock {
-		return false
+	if !wire.ValidPublishTopic(ar.topic) {
+		a.unpublishable(ar.topic, r.Device, r.Code)
+		ar.kind = AdmitIgnore
+		return
 	}
-	if o.ExpiresAt != nil && now.After(*o.ExpiresAt) {
-		return false
+	ar.kind, ar.answer = AdmitAnswer, &r
+}
+
+// unpublishable logs and counts a Result that can never be published.
+func (a *Agent) unpublishable(topic, dev string, code wire.Code) {
+	a.m.unpublishable.Inc()
+	a.log.Warn("a Result cannot be published (its topic is not a valid MQTT topic); dropped",
+		"topic", clip(topic, 120), "topic_bytes", len(topic), "device", clip(dev, 80), "code", code)
+}
+
+// refusal is the Result of a command refused on arrival after the store
+// was read (op_conflict, busy).
+func (a *Agent) refusal(rt *devRT, dev string, cmd wire.Command, code wire.Code) *wire.Result {
+	r := &wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
+		Status: wire.StatusOf(code), Code: code, LastFence: rt.lastFence.Load(), At: a.now().UTC()}
+	switch code {
+	case wire.CodeOpConflict:
+		r.Reason = fmt.Sprintf("op_id %s was already used on %s with a different action or params", cmd.OpID, dev)
+	case wire.CodeBusy:
+		r.Reason = fmt.Sprintf("the queue of %s is full (%d commands); retry later with backoff", dev, rt.w.limit)
 	}
-	b, ok := a.o.Policy.(policy.Binder)
-	return ok && !b.Bound(o.Device)
+	return r
+}
+
+// clip shortens s for a log line or a reason.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // ackLoop acknowledges deliveries strictly in arrival order, each once its
@@ -219,6 +239,13 @@ func (a *Agent) ackLoop() {
 	for ar := range a.acks {
 		if ar.done != nil {
 			if err := <-ar.done; err != nil {
+				if errors.Is(err, context.Canceled) && a.ctx.Err() != nil {
+					// A hard stop, not a store failure: the admission was
+					// never committed, so the delivery (and every one
+					// after it) stays unacknowledged for the broker to
+					// redeliver, and the stop stays clean.
+					return
+				}
 				a.fail(fmt.Errorf("agent: admitting %s/%s: %w", ar.dev, ar.cmd.OpID, err))
 				return
 			}
@@ -229,11 +256,11 @@ func (a *Agent) ackLoop() {
 		default:
 		}
 		switch ar.kind {
-		case admitQueued:
+		case AdmitQueued:
 			a.m.queueDepth.WithLabelValues(ar.entry.Worker).Set(float64(a.devs[ar.dev].w.depth.Load()))
-		case admitAnswer:
+		case AdmitAnswer:
 			a.answerNow(ar.topic, *ar.answer)
-		case admitReplay:
+		case AdmitReplay:
 			if ar.rec.Status == store.OpUnknown {
 				// It may have become final since: replay what is recorded now.
 				a.st.View(func(tx *store.Tx) error {
@@ -247,20 +274,8 @@ func (a *Agent) ackLoop() {
 			r.OpID, r.Fence = ar.cmd.OpID, ar.cmd.Fence
 			a.m.replays.Inc()
 			a.answerNow(ar.topic, r)
-		case admitConflict:
-			rt := a.devs[ar.dev]
-			a.answerNow(ar.topic, wire.Result{V: wire.Version, OpID: ar.cmd.OpID, Device: ar.dev, Fence: ar.cmd.Fence,
-				Status: wire.StatusRejected, Code: wire.CodeOpConflict,
-				Reason:    fmt.Sprintf("op_id %s was already used on %s with a different action or params", ar.cmd.OpID, ar.dev),
-				LastFence: rt.lastFence.Load(), At: a.now().UTC()})
-		case admitBusy:
-			rt := a.devs[ar.dev]
-			a.answerNow(ar.topic, wire.Result{V: wire.Version, OpID: ar.cmd.OpID, Device: ar.dev, Fence: ar.cmd.Fence,
-				Status: wire.StatusRejected, Code: wire.CodeBusy,
-				Reason:    fmt.Sprintf("the queue of %s is full (%d commands); retry later with backoff", ar.dev, rt.w.limit),
-				LastFence: rt.lastFence.Load(), At: a.now().UTC()})
 		}
-		if ar.kind == admitQueued && a.crashArmed("before_ack", ar.cmd.OpID) {
+		if ar.kind == AdmitQueued && a.crashArmed("before_ack", ar.cmd.OpID) {
 			a.waitPublished(ar.dev, ar.cmd.OpID, 10*time.Second)
 			a.crash("before_ack", ar.cmd.OpID)
 		}

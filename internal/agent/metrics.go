@@ -16,6 +16,7 @@ type metrics struct {
 	writeSeconds    *prometheus.HistogramVec // device write latency by outcome
 	queueDepth      *prometheus.GaugeVec     // by worker
 	published       prometheus.Counter       // Results published from the outbox
+	unpublishable   prometheus.Counter       // Results dropped: their topic can never be published to
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,10 +46,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "edge_agent_results_published_total", Help: "Results confirmed published from the outbox.",
 		}),
+		unpublishable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edge_agent_results_unpublishable_total", Help: "Results and answers dropped because the broker can never take them (an invalid topic).",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.commands, m.fenceRejections, m.unknowns, m.replays, m.retained,
-			m.writeSeconds, m.queueDepth, m.published)
+			m.writeSeconds, m.queueDepth, m.published, m.unpublishable)
 	}
 	for _, c := range wire.Codes {
 		m.commands.WithLabelValues(string(c))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -196,7 +197,15 @@ func (p *publisher) loop() {
 				fly = append(fly, inflight{*next, pend})
 				continue
 			}
-			p.requeue(append([]inflight{{it: *next}}, fly...)...)
+			if errors.Is(err, ErrUnpublishable) {
+				// It never will be: drop it, logged and counted, rather
+				// than block everything behind it (issue 9, defect 1).
+				p.drop(*next, err)
+				continue
+			}
+			// Everything in flight is older than next: it goes back
+			// first, so the order holds.
+			p.requeue(append(fly, inflight{it: *next})...)
 			fly = fly[:0]
 			if !p.pause(&backoff, err) {
 				return
@@ -248,6 +257,21 @@ func (p *publisher) loop() {
 			seq := f.it.seq
 			a.st.Later(func(tx *store.Tx) error { return tx.OutboxDelete(seq) })
 		}
+	}
+}
+
+// drop gives up an item that can never be published: a Result leaves the
+// outbox (nothing would ever take it out), a waiter is released.
+func (p *publisher) drop(it pubItem, err error) {
+	p.a.m.unpublishable.Inc()
+	p.a.log.Error("a message can never be published; dropped", "topic", clip(it.topic, 120), "topic_bytes", len(it.topic),
+		"device", clip(it.dev, 80), "outbox_seq", it.seq, "err", err)
+	if it.seq > 0 {
+		seq := it.seq
+		p.a.st.Later(func(tx *store.Tx) error { return tx.OutboxDelete(seq) })
+	}
+	if it.done != nil {
+		close(it.done)
 	}
 }
 

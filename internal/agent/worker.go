@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,9 @@ type worker struct {
 	wake    chan struct{}
 	resolve chan struct{} // an operator resolved the held write
 	current atomic.Value  // string: op being worked on, for the admin API
+	// unresolved is how many of the entries recovery queued first are
+	// unresolved writes (settleRecovered).
+	unresolved int
 }
 
 func newWorker(a *Agent, id string) *worker {
@@ -99,6 +103,12 @@ func (w *worker) pop() {
 
 func (w *worker) run() {
 	defer w.a.wg.Done()
+	if err := w.settleRecovered(); err != nil {
+		if !errors.Is(err, errStopping) {
+			w.a.fail(fmt.Errorf("agent: worker %s, recovery: %w", w.id, err))
+		}
+		return
+	}
 	for {
 		e, ok := w.next()
 		if !ok {
@@ -122,19 +132,35 @@ func (w *worker) run() {
 // as it is (queued, pending or unknown) and recovery resumes it.
 var errStopping = errors.New("agent: stopping")
 
+// Steps of the worker's own, besides decide.go's.
+const (
+	// stepWrite: the write is durable as pending under o.Key: send it.
+	stepWrite Step = 100 + iota
+	// stepGone: someone else (an operator) ended the operation.
+	stepGone
+)
+
+// load returns e's record.
+func (w *worker) load(e item) (store.Op, bool, error) {
+	if e.op != nil {
+		return *e.op, true, nil
+	}
+	var o store.Op
+	var ok bool
+	err := w.a.st.View(func(tx *store.Tx) error {
+		var err error
+		o, ok, err = tx.Op(e.Device, e.OpID)
+		return err
+	})
+	return o, ok, err
+}
+
 // handle works one inbox entry to its end. done is true when the entry
 // left the inbox.
 func (w *worker) handle(e item) (bool, error) {
 	a := w.a
-	var o store.Op
-	ok := e.op != nil
-	if ok {
-		o = *e.op
-	} else if err := a.st.View(func(tx *store.Tx) error {
-		var err error
-		o, ok, err = tx.Op(e.Device, e.OpID)
-		return err
-	}); err != nil {
+	o, ok, err := w.load(e)
+	if err != nil {
 		return false, err
 	}
 	w.current.Store(e.Device + "/" + e.OpID)
@@ -144,32 +170,37 @@ func (w *worker) handle(e item) (bool, error) {
 		return true, a.st.Update(context.Background(), func(tx *store.Tx) error { return tx.InboxDelete(e.Worker, e.Seq) })
 	}
 	rt := a.devs[o.Device]
-	if e.ready != nil {
-		return w.decided(rt, o, e)
-	}
-	switch o.Status {
-	case store.OpQueued:
-		return w.decide(rt, o)
+	var dec Decision
+	switch {
+	case e.ready != nil:
+		// Decided on arrival: send once the admission that made it
+		// pending is durable (invariant 3). Not abandoned on a graceful
+		// stop: this is the write in hand. Only a failed commit (nothing
+		// is sent: invariant 5) or a hard stop ends it.
+		select {
+		case <-e.ready:
+		case <-a.failed:
+			return false, errStopping // the failure is reported by whoever saw it
+		case <-a.ctx.Done():
+			return false, errStopping // pending, if it became durable: recovery resolves it
+		}
+		a.fenceKnown(rt, o.Device, e.dev)
+		a.crash("after_pending", o.OpID)
+		dec = Decision{Step: stepWrite}
+	case o.Status == store.OpQueued:
+		if dec, err = w.check(rt, &o); err != nil {
+			return false, err
+		}
 	default: // pending (at start-up: counts as unknown) or unknown
-		rt.pending.Store(1)
-		defer rt.pending.Store(0)
-		return w.settle(rt, o)
+		dec = Decision{Step: StepAsk}
 	}
+	return w.drive(rt, o, dec)
 }
 
-// decide runs the worker's checks in PROTOCOL.md's order: lock_mismatch ->
-// expired -> stale_fence -> raise last_fence -> policy -> the device.
-func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
+// check runs the worker's checks (decide.go's Check, then the policy).
+func (w *worker) check(rt *devRT, o *store.Op) (Decision, error) {
 	a := w.a
 	now := a.now()
-	if rt.cfg.Lock != "" && o.Lock != rt.cfg.Lock {
-		return w.finish(rt, o, wire.CodeLockMismatch,
-			fmt.Sprintf("lock %q does not match %s's bound lock %q", o.Lock, o.Device, rt.cfg.Lock), false, nil)
-	}
-	if o.ExpiresAt != nil && now.After(*o.ExpiresAt) {
-		return w.finish(rt, o, wire.CodeExpired,
-			fmt.Sprintf("reached at %s, after expires_at %s", now.UTC().Format(time.RFC3339Nano), o.ExpiresAt.UTC().Format(time.RFC3339Nano)), false, nil)
-	}
 	var d store.Device
 	var group map[string]json.RawMessage
 	err := a.st.View(func(tx *store.Tx) error {
@@ -189,18 +220,15 @@ func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
 		return nil
 	})
 	if err != nil {
-		return false, err
+		return Decision{}, err
 	}
-	// Invariant 1: a fence below last_fence never reaches the device.
-	if o.Fence < d.LastFence {
-		return w.finish(rt, o, wire.CodeStaleFence,
-			fmt.Sprintf("fence %d is below %s's last_fence %d", o.Fence, o.Device, d.LastFence), false, nil)
-	}
-	if o.Action == wire.ActionFence {
-		return w.finish(rt, o, wire.CodeOK, fmt.Sprintf("barrier: last_fence is now %d", max(o.Fence, d.LastFence)), true, nil)
-	}
+	dec := Check(a.rules(rt), o, d, now)
 	params := stateOrEmpty(o.Params)
-	dec, err := a.o.Policy.Evaluate(a.ctx, o.Device, policy.Input{
+	o.ParamsSent = params
+	if dec.Step != StepPolicy {
+		return dec, nil
+	}
+	pd, err := a.o.Policy.Evaluate(a.ctx, o.Device, policy.Input{
 		Device:    policy.DeviceRef{ID: o.Device, Type: rt.cfg.Type},
 		Command:   policy.CommandView{OpID: o.OpID, Fence: o.Fence, Action: o.Action, Params: params, Holder: o.Holder},
 		State:     stateOrEmpty(d.State),
@@ -209,50 +237,84 @@ func (w *worker) decide(rt *devRT, o store.Op) (bool, error) {
 		Now:       now.UTC(),
 	})
 	if err != nil && a.ctx.Err() != nil {
-		return false, errStopping // stopped mid-decision: still queued, decided after restart
+		return Decision{}, errStopping // stopped mid-decision: still queued, decided after restart
 	}
-	if err != nil {
-		// Invariant 5: a policy that cannot decide sends nothing. The
-		// command passed the fence check, so last_fence is raised
-		// (invariant 1: nothing below it may take effect afterwards).
-		return w.drop(rt, o, wire.CodePolicyError, fmt.Sprintf("policy for %s could not decide: %v", o.Device, err), true)
+	if err == nil && pd.Allow && pd.Params != nil {
+		o.ParamsSent, o.Rewritten = pd.Params, true
 	}
-	if !dec.Allow {
-		reason := dec.Reason
-		if reason == "" {
-			reason = "denied by policy"
-		}
-		return w.finish(rt, o, wire.CodePolicyDenied, reason, true, nil)
-	}
-	o.ParamsSent = params
-	if dec.Params != nil {
-		o.ParamsSent, o.Rewritten = dec.Params, true
-	}
-	// Invariant 3: last_fence and the pending record, with the key of the
-	// write, are durable before anything is sent.
-	if err := w.newKey(rt, &o, true); err != nil {
-		return false, err
-	}
-	a.crash("after_pending", o.OpID)
-	return w.write(rt, o)
+	return AfterPolicy(o, pd, err), nil
 }
 
-// decided sends a write the intake decided on arrival, once the admission
-// that made it pending is durable (invariant 3).
-func (w *worker) decided(rt *devRT, o store.Op, e item) (bool, error) {
+// drive carries o from dec to its end: a loop over decide.go's steps, so
+// however often a write is resent, the stack does not grow.
+func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 	a := w.a
-	// Not abandoned on a graceful stop: this is the write in hand. Only a
-	// failed commit (nothing is sent: invariant 5) or a hard stop ends it.
-	select {
-	case <-e.ready:
-	case <-a.failed:
-		return false, errStopping // the failure is reported by whoever saw it
-	case <-a.ctx.Done():
-		return false, errStopping // pending, if it became durable: recovery resolves it
+	var state json.RawMessage
+	var err error
+	for {
+		switch dec.Step {
+		case StepEnd:
+			return true, w.end(rt, &o, dec, state)
+		case stepGone:
+			return true, nil // the operator's transaction left the inbox
+		case StepSend:
+			// Invariant 3: last_fence and the pending record, with the
+			// key of the write, are durable before anything is sent.
+			if err := w.pend(rt, &o, dec.Raise); err != nil {
+				return false, err
+			}
+			a.crash("after_pending", o.OpID)
+			dec = Decision{Step: stepWrite}
+		case stepWrite:
+			if dec, state, err = w.write(rt, &o); err != nil {
+				return false, err
+			}
+		case StepUnknown:
+			if err := w.markUnknown(&o, dec.Reason); err != nil {
+				return false, err
+			}
+			dec = Decision{Step: StepAsk}
+		case StepAsk:
+			if dec, state, err = w.ask(rt, &o); err != nil {
+				return false, err
+			}
+		case StepResend:
+			// The device confirmed the key unapplied and tombstoned it:
+			// nothing of the last try can land any more. Back off, then
+			// send the operation again under a new key. Once unknown, it
+			// is never answered device_unreachable (invariant 6).
+			if err := w.pause(a.resendWait(o.Keys)); err != nil {
+				return false, err
+			}
+			o.WasUnknown = true
+			dec = Decision{Step: StepSend}
+		default:
+			return false, fmt.Errorf("agent: internal error: step %v", dec.Step)
+		}
 	}
-	a.fenceKnown(rt, o.Device, e.dev)
-	a.crash("after_pending", o.OpID)
-	return w.write(rt, o)
+}
+
+// pause waits d, or returns errStopping when the agent stops first.
+func (w *worker) pause(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.a.stopping:
+		return errStopping
+	case <-t.C:
+		return nil
+	}
+}
+
+// resendWait is the pause before the n-th resend: exponential from 200ms,
+// capped at 10s, with jitter (half to all of it), so a device that keeps
+// failing is not hammered.
+func (a *Agent) resendWait(n int) time.Duration {
+	if a.o.ResendWait != nil {
+		return a.o.ResendWait(n)
+	}
+	d := min(200*time.Millisecond<<min(max(n-1, 0), 6), 10*time.Second)
+	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
 }
 
 // stateOrEmpty is s, or the empty object when s is empty (a state, or
@@ -264,9 +326,9 @@ func stateOrEmpty(s json.RawMessage) json.RawMessage {
 	return s
 }
 
-// newKey records a new idempotency key for o as pending (raising last_fence
+// pend records a new idempotency key for o as pending (raising last_fence
 // when raise is set) before the write under it is sent.
-func (w *worker) newKey(rt *devRT, o *store.Op, raise bool) error {
+func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 	a := w.a
 	var d store.Device
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
@@ -323,227 +385,188 @@ func writeTimeout(rt *devRT) time.Duration {
 	return time.Duration(*rt.cfg.Driver.Retries+1)*(rt.cfg.Driver.Timeout.D()+500*time.Millisecond) + time.Second
 }
 
-// write sends o (pending under o.Key) and records its outcome.
-func (w *worker) write(rt *devRT, o store.Op) (bool, error) {
+// write sends o (pending under o.Key) and classifies its outcome.
+func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) {
 	a := w.a
 	rt.pending.Store(1)
 	defer rt.pending.Store(0)
 	if a.ctx.Err() != nil {
-		return false, errStopping // the pending record stays; recovery resolves it
+		return Decision{}, nil, errStopping // the pending record stays; recovery resolves it
 	}
-	{
-		ctx, cancel := context.WithTimeout(a.ctx, writeTimeout(rt))
-		start := time.Now()
-		res := rt.drv.Apply(ctx, device.Write{Device: o.Device, OpID: o.OpID, Key: o.Key,
-			Fence: o.Fence, Action: o.Action, Params: o.ParamsSent})
-		cancel()
-		a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
-		a.crash("after_write", o.OpID)
-		switch res.Outcome {
-		case device.Applied:
-			return w.applied(rt, o, res.State)
-		case device.Refused:
-			return w.finish(rt, o, wire.CodeDeviceError, fmt.Sprintf("%s refused the write: %s", o.Device, res.Reason), false, nil)
-		case device.NotSent:
-			if !o.WasUnknown {
-				return w.drop(rt, o, wire.CodeDeviceUnreachable, fmt.Sprintf("%s could not be reached: %s", o.Device, res.Reason), false)
-			}
-			// Invariant 6: once unknown, held until final; never device_unreachable.
-		}
-		var err error
-		if o, err = w.markUnknown(o, fmt.Sprintf("the write to %s may or may not have happened: %s", o.Device, res.Reason)); err != nil {
-			return false, err
-		}
-		return w.settle(rt, o)
-	}
+	ctx, cancel := context.WithTimeout(a.ctx, writeTimeout(rt))
+	start := time.Now()
+	res := rt.drv.Apply(ctx, device.Write{Device: o.Device, OpID: o.OpID, Key: o.Key,
+		Fence: o.Fence, Action: o.Action, Params: o.ParamsSent})
+	cancel()
+	a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
+	a.crash("after_write", o.OpID)
+	return AfterWrite(o, res), res.State, nil
 }
 
-// markUnknown records o as unknown and, the first time, publishes the
-// unknown Result (recorded before it is published: invariant 4).
-func (w *worker) markUnknown(o store.Op, reason string) (store.Op, error) {
+// markUnknown records o as unknown and, the first time for this operation,
+// publishes the unknown Result (recorded before it is published: invariant
+// 4). The first time is the op's own: a write recovered as pending and
+// resent, or resent after a tombstone, publishes its first unknown too.
+func (w *worker) markUnknown(o *store.Op, reason string) error {
 	a := w.a
-	first := !o.WasUnknown
-	o.Status, o.WasUnknown = store.OpUnknown, true
+	first := !o.UnknownSent
+	o.Status, o.WasUnknown, o.UnknownSent = store.OpUnknown, true, true
 	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusUnknown, wire.CodeOutcomeUnknown, reason, a.now().UTC()
 	rt := a.devs[o.Device]
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		if !first {
-			return tx.PutOp(o)
+			return tx.PutOp(*o)
 		}
-		return a.recordOutcome(tx, &o, rt.lastFence.Load(), nil)
+		return a.recordOutcome(tx, o, rt.lastFence.Load(), nil)
 	})
 	if err == nil && first {
 		a.m.unknowns.Inc()
 		a.m.answered(wire.CodeOutcomeUnknown)
 	}
-	return o, err
+	return err
 }
 
-// settle resolves an unresolved write (pending at start-up, or unknown)
-// before anything else of its device or group is sent (invariant 6): ask
-// the device; applied ends it; not applied (now tombstoned) sends it again
-// under a new key unless it expired. A device that cannot be asked holds
-// the write until an operator resolves it.
-func (w *worker) settle(rt *devRT, o store.Op) (bool, error) {
+// ask resolves an unresolved write (pending at start-up, or unknown)
+// before anything else of its device or group is sent (invariant 6): it
+// asks the device about the key until it answers, and decides with
+// AfterQuery. A device that cannot be asked holds the write until an
+// operator resolves it (stepGone).
+func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) {
 	a := w.a
+	rt.pending.Store(1)
+	defer rt.pending.Store(0)
+	if !rt.drv.Queryable(o.Device) {
+		return w.hold(o)
+	}
 	for attempt := 0; ; attempt++ {
-		if !rt.drv.Queryable(o.Device) {
-			if o.Status != store.OpUnknown {
-				var err error
-				if o, err = w.markUnknown(o, fmt.Sprintf("the write to %s may or may not have happened (interrupted); %s cannot be asked: an operator must resolve it", o.Device, o.Device)); err != nil {
-					return false, err
-				}
-			}
-			a.log.Warn("write outcome unknown on a device that cannot be asked; held until an operator resolves it",
-				"device", o.Device, "op_id", o.OpID, "resolve", fmt.Sprintf("POST /v1/devices/%s/ops/%s/resolve", o.Device, o.OpID))
-			select {
-			case <-a.stopping:
-				return false, errStopping
-			case <-w.resolve:
-			}
-			var ok bool
-			err := a.st.View(func(tx *store.Tx) error {
-				var err error
-				o, ok, err = tx.Op(o.Device, o.OpID)
-				return err
-			})
-			if err != nil {
-				return false, err
-			}
-			if ok && o.Status == store.OpFinal {
-				return true, nil // the operator's transaction left the inbox
-			}
-			continue
-		}
 		ctx, cancel := context.WithTimeout(a.ctx, rt.cfg.Driver.Timeout.D())
 		q, err := rt.drv.Query(ctx, o.Device, o.Key)
 		cancel()
-		if err != nil {
-			a.log.Warn("cannot ask the device about an unresolved write; will ask again", "device", o.Device, "op_id", o.OpID, "key", o.Key, "err", err)
-			select {
-			case <-a.stopping:
-				return false, errStopping
-			case <-time.After(a.o.QueryWait(attempt)):
-			}
-			continue
+		if err == nil {
+			return AfterQuery(a.rules(rt), o, q, a.now()), q.State, nil
 		}
-		if q.Applied {
-			return w.applied(rt, o, q.State)
+		a.log.Warn("cannot ask the device about an unresolved write; will ask again", "device", o.Device, "op_id", o.OpID, "key", o.Key, "err", err)
+		if err := w.pause(a.o.QueryWait(attempt)); err != nil {
+			return Decision{}, nil, err
 		}
-		// Not applied, and the device now refuses that key for ever.
-		if now := a.now(); o.ExpiresAt != nil && now.After(*o.ExpiresAt) {
-			return w.finish(rt, o, wire.CodeExpired,
-				fmt.Sprintf("the write was not applied and expires_at %s has passed; not resent", o.ExpiresAt.UTC().Format(time.RFC3339Nano)), false, nil)
-		}
-		if a.stoppingNow() {
-			return false, errStopping
-		}
-		// A pending record at start-up counts as unknown: once resent, it
-		// is never answered device_unreachable (invariant 6).
-		o.WasUnknown = true
-		if err := w.newKey(rt, &o, false); err != nil {
-			return false, err
-		}
-		a.crash("after_pending", o.OpID)
-		return w.write(rt, o)
 	}
 }
 
-// applied records a confirmed write and the device's new state.
-func (w *worker) applied(rt *devRT, o store.Op, state json.RawMessage) (bool, error) {
-	return w.finish(rt, o, wire.CodeOK, fmt.Sprintf("%s applied %s", o.Device, o.Action), false, state)
+// hold waits for an operator's answer about o on a device that cannot be
+// asked. An interrupted write (pending at start-up) is recorded and
+// published unknown first.
+func (w *worker) hold(o *store.Op) (Decision, json.RawMessage, error) {
+	a := w.a
+	if o.Status != store.OpUnknown {
+		if err := w.markUnknown(o, fmt.Sprintf("the write to %s may or may not have happened (interrupted); %s cannot be asked: an operator must resolve it", o.Device, o.Device)); err != nil {
+			return Decision{}, nil, err
+		}
+	}
+	for {
+		a.log.Warn("write outcome unknown on a device that cannot be asked; held until an operator resolves it",
+			"device", o.Device, "op_id", o.OpID, "resolve", fmt.Sprintf("POST /v1/devices/%s/ops/%s/resolve", o.Device, o.OpID))
+		select {
+		case <-a.stopping:
+			return Decision{}, nil, errStopping
+		case <-w.resolve:
+		}
+		rec, ok, err := w.load(item{InboxEntry: store.InboxEntry{Device: o.Device, OpID: o.OpID}})
+		if err != nil {
+			return Decision{}, nil, err
+		}
+		if ok && rec.Status == store.OpFinal {
+			return Decision{Step: stepGone}, nil, nil
+		}
+	}
 }
 
-// finish records a final outcome, its Result in the outbox and the inbox
-// entry's removal in one transaction; the Result is published after the
-// commit (invariants 3 and 4). raise raises last_fence to o.Fence.
-func (w *worker) finish(rt *devRT, o store.Op, code wire.Code, reason string, raise bool, state json.RawMessage) (bool, error) {
+// end records dec's outcome and the inbox entry's removal in one
+// transaction (endTx); the Result is published after the commit
+// (invariants 3 and 4).
+func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage) error {
 	a := w.a
-	now := a.now().UTC()
 	var d store.Device
+	var moved bool
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
-		if d, _, err = tx.Device(o.Device); err != nil {
-			return err
-		}
-		if raise && o.Fence > d.LastFence {
-			d.LastFence = o.Fence
-		}
-		if code == wire.CodeOK {
-			d.LastOpID = o.OpID
-			switch {
-			case state != nil:
-				d.State = state
-			case o.Action != wire.ActionFence:
-				// Applied, but the device did not say its state: what
-				// was sent is the best knowledge (policies must not see
-				// the state from before a write that happened).
-				d.State = mergeState(d.State, o.ParamsSent)
-			}
-		}
-		d.UpdatedAt = now
-		o.Status, o.Result, o.Code, o.Reason, o.DecidedAt = store.OpFinal, wire.StatusOf(code), code, reason, now
-		o.Output = nil
-		if code == wire.CodeOK && o.Action != wire.ActionFence {
-			o.Output = stateOrEmpty(state)
-		}
-		return a.recordOutcome(tx, &o, d.LastFence, &d)
+		d, moved, err = a.endTx(tx, o, dec, state)
+		return err
 	})
 	if err != nil {
-		return false, err
+		return err
 	}
-	rt.lastFence.Store(d.LastFence)
-	a.m.answered(code)
-	if code == wire.CodeOK || raise {
-		a.publishState(o.Device, d)
-	}
-	return true, nil
+	a.ended(rt, o.Device, dec, d, moved)
+	return nil
 }
 
-// drop ends a command that leaves no record (policy_error,
-// device_unreachable): its record and inbox entry go, its Result enters the
-// outbox, in one transaction. raise raises last_fence to o.Fence;
-// last_fence, if raised earlier, stays raised.
-func (w *worker) drop(rt *devRT, o store.Op, code wire.Code, reason string, raise bool) (bool, error) {
-	a := w.a
-	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusOf(code), code, reason, a.now().UTC()
-	o.Status = "" // not recorded
-	var d store.Device
-	raised := false
-	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
-		var err error
-		if d, _, err = tx.Device(o.Device); err != nil {
-			return err
+// ended updates memory, metrics and the retained state after an outcome's
+// commit.
+func (a *Agent) ended(rt *devRT, dev string, dec Decision, d store.Device, moved bool) {
+	rt.lastFence.Store(d.LastFence)
+	a.m.answered(dec.Code)
+	if moved {
+		a.publishState(dev, d)
+	}
+}
+
+// endTx is the one way an operation ends, in the caller's transaction:
+// with dec.Raise, last_fence is raised to o.Fence; an applied write sets
+// the device's state (state as the device reported it; without it, the
+// parameters sent merged into the last known state: policies must not see
+// the state from before a write that happened); o becomes final with
+// dec's code, or, for an outcome that is not recorded, its record goes
+// (last_fence, if raised, stays raised); the Result enters the outbox and
+// the inbox entry goes (recordOutcome). moved reports whether the device's
+// record changed in a way its DeviceState shows.
+func (a *Agent) endTx(tx *store.Tx, o *store.Op, dec Decision, state json.RawMessage) (d store.Device, moved bool, err error) {
+	now := a.now().UTC()
+	if d, _, err = tx.Device(o.Device); err != nil {
+		return d, false, err
+	}
+	if dec.Raise && o.Fence > d.LastFence {
+		d.LastFence, moved = o.Fence, true
+	}
+	ok := dec.Code == wire.CodeOK
+	if ok {
+		d.LastOpID, moved = o.OpID, true
+		switch {
+		case len(state) > 0:
+			d.State = state
+		case o.Action != wire.ActionFence:
+			d.State = mergeState(d.State, o.ParamsSent)
 		}
-		if raise && o.Fence > d.LastFence {
-			d.LastFence, d.UpdatedAt, raised = o.Fence, o.DecidedAt, true
+	}
+	if moved {
+		d.UpdatedAt = now
+	}
+	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusOf(dec.Code), dec.Code, dec.Reason, now
+	o.Output = nil
+	if ok && o.Action != wire.ActionFence {
+		o.Output = stateOrEmpty(d.State)
+	}
+	if !dec.Recorded() {
+		o.Status = "" // not recorded
+		if moved {
 			if err := tx.PutDevice(o.Device, d); err != nil {
-				return err
+				return d, false, err
 			}
 		}
 		if err := tx.DeleteOp(o.Device, o.OpID); err != nil {
-			return err
+			return d, false, err
 		}
-		return a.recordOutcome(tx, &o, d.LastFence, nil)
-	})
-	if err != nil {
-		return false, err
+		return d, moved, a.recordOutcome(tx, o, d.LastFence, nil)
 	}
-	rt.lastFence.Store(d.LastFence)
-	a.m.answered(code)
-	if raised {
-		a.publishState(o.Device, d)
-	}
-	return true, nil
+	o.Status = store.OpFinal
+	return d, moved, a.recordOutcome(tx, o, d.LastFence, &d)
 }
 
 // recordOutcome is the one way an outcome is written: o (final, unknown,
 // or with an empty Status: not recorded, its record already deleted), its
 // Result in the outbox, and, unless o is unknown, its inbox entry's
 // removal, in the caller's transaction. dev, when set, is o's device
-// record as the outcome leaves it, written with o (store.PutOpDevice). The Result is handed to the
-// publisher only after the commit (invariants 3 and 4: durable before
-// visible; recorded before published).
+// record as the outcome leaves it, written with o (store.PutOpDevice). The
+// Result is handed to the publisher only after the commit (invariants 3
+// and 4: durable before visible; recorded before published).
 func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64, dev *store.Device) error {
 	ob := store.Outbox{Topic: a.destination(o.ReplyTo, o.Device),
 		Payload: resultJSON(resultOf(*o, lastFence, false)), Device: o.Device}

@@ -256,6 +256,9 @@ func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []b
 		return nil, errors.New("mqtt client not built yet")
 	}
 	p, err := c.PublishAsync(ctx, topic, payload, retained)
+	if errors.Is(err, mqtt.ErrInvalidTopic) {
+		return nil, fmt.Errorf("%w: %w", agent.ErrUnpublishable, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -107,6 +107,7 @@ type Driver struct {
 	URL        string   `yaml:"url"`
 	Timeout    Duration `yaml:"timeout"`
 	Retries    *int     `yaml:"retries"`
+	Resends    *int     `yaml:"resends"` // extension (docs/config.md): new keys after confirmed-unapplied tries
 	Idempotent bool     `yaml:"idempotent"`
 	Queryable  bool     `yaml:"queryable"`
 }
@@ -134,6 +135,8 @@ type Limits struct {
 const (
 	DefaultQueue           = 256
 	DefaultTimeout         = 2 * time.Second
+	DefaultResends         = 5
+	MaxResends             = 100
 	DefaultRetention       = 168 * time.Hour
 	DefaultKeepLast        = 10000
 	DefaultShutdownTimeout = 10 * time.Second
@@ -326,6 +329,13 @@ func (c *Config) validate() error {
 		}
 		if *d.Driver.Retries < 0 || *d.Driver.Retries > 10 {
 			return bad(key+".driver.retries", "%d: must be from 0 to 10", *d.Driver.Retries)
+		}
+		if d.Driver.Resends == nil {
+			r := DefaultResends
+			d.Driver.Resends = &r
+		}
+		if *d.Driver.Resends < 0 || *d.Driver.Resends > MaxResends {
+			return bad(key+".driver.resends", "%d: must be from 0 to %d", *d.Driver.Resends, MaxResends)
 		}
 		if d.Policy != nil {
 			if l := d.Policy.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {

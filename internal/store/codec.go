@@ -135,6 +135,7 @@ const (
 	opWasUnknown
 	opSentAsReceived // ParamsSent equals Params and is not stored twice
 	opExpires
+	opUnknownSent
 )
 
 func encodeOp(o *Op) []byte {
@@ -154,6 +155,9 @@ func encodeOp(o *Op) []byte {
 	}
 	if o.ExpiresAt != nil {
 		flags |= opExpires
+	}
+	if o.UnknownSent {
+		flags |= opUnknownSent
 	}
 	e.uvarint(flags)
 	e.str(o.Device)
@@ -206,7 +210,7 @@ func decodeOp(b []byte, o *Op) error {
 	}
 	o.Key = d.str()
 	o.Keys = int(d.uvarint())
-	o.Rewritten, o.WasUnknown = flags&opRewritten != 0, flags&opWasUnknown != 0
+	o.Rewritten, o.WasUnknown, o.UnknownSent = flags&opRewritten != 0, flags&opWasUnknown != 0, flags&opUnknownSent != 0
 	o.Worker = d.str()
 	o.ReceivedAt = d.time()
 	o.DecidedAt = d.time()

@@ -21,7 +21,7 @@ func TestOpRecordRoundTrip(t *testing.T) {
 			Reason: "pump-7 applied set", Output: json.RawMessage(`{"rpm":1000}`), Fence: -3, Action: "set",
 			Params: json.RawMessage(`{"rpm":1200}`), Lock: "l", Holder: "h", ExpiresAt: &exp, ReplyTo: "r/t",
 			ContentHash: []byte(strings.Repeat("h", 32)), ParamsSent: json.RawMessage(`{"rpm":1000}`), Rewritten: true,
-			Key: "op-2.1.abcd", Keys: 3, WasUnknown: true, Worker: "g", ReceivedAt: at, DecidedAt: at.Add(time.Second), FinalSeq: 77},
+			Key: "op-2.1.abcd", Keys: 3, WasUnknown: true, UnknownSent: true, Worker: "g", ReceivedAt: at, DecidedAt: at.Add(time.Second), FinalSeq: 77},
 		{Device: "d", OpID: "o", Status: OpPending, Params: json.RawMessage(`{"a":1}`), ParamsSent: json.RawMessage(`{"a":1}`)},
 	} {
 		var got Op

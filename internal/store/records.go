@@ -61,6 +61,10 @@ type Op struct {
 	Key        string          `json:"key,omitempty"`
 	Keys       int             `json:"keys,omitempty"`        // how many keys were issued
 	WasUnknown bool            `json:"was_unknown,omitempty"` // once unknown, never device_unreachable
+	// UnknownSent: the op's unknown Result is in the outbox (published
+	// once per op, also when the op was first counted unknown at a
+	// restart).
+	UnknownSent bool `json:"unknown_sent,omitempty"`
 
 	Worker string `json:"worker"`
 	// InboxSeq is the record's place in arrival order: its key in the ops

@@ -1,0 +1,251 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/policy"
+	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// This file is PROTOCOL.md §1's order of checks and result-code table in
+// one place, as pure functions: each takes what is known at one step of a
+// command (the device's configuration, the command's record, the device's
+// record, the time, what the policy or the device said) and returns what
+// happens next. They do no I/O; the intake, the worker and the resolve API
+// call them and do the store transaction, the device write and the publish
+// around them. decide_test.go tables every row.
+
+// Step is what happens next to a command.
+type Step int
+
+const (
+	// StepEnd: the command ends with Decision.Code (recorded or not, as
+	// wire.Recorded says).
+	StepEnd Step = iota + 1
+	// StepPolicy: every check before the policy passed; evaluate it.
+	StepPolicy
+	// StepSend: allowed. Record the write as pending under a new key
+	// (raising last_fence when Raise is set), then send it.
+	StepSend
+	// StepUnknown: the write may have reached the device. Record it
+	// unknown (and publish that, once), then resolve it (StepAsk).
+	StepUnknown
+	// StepAsk: the write is unresolved: ask the device about its key, or
+	// hold it for an operator when the device cannot be asked.
+	StepAsk
+	// StepResend: the device confirmed the last key was not applied (and
+	// will never be): wait, then send the operation again under a new key.
+	StepResend
+)
+
+func (s Step) String() string {
+	switch s {
+	case StepEnd:
+		return "end"
+	case StepPolicy:
+		return "policy"
+	case StepSend:
+		return "send"
+	case StepUnknown:
+		return "unknown"
+	case StepAsk:
+		return "ask"
+	case StepResend:
+		return "resend"
+	}
+	return fmt.Sprintf("Step(%d)", int(s))
+}
+
+// Decision is what one step decided.
+type Decision struct {
+	Step   Step
+	Code   wire.Code // StepEnd: the outcome's code
+	Reason string    // StepEnd and StepUnknown: one sentence for the Result
+	// Raise: last_fence is raised to the command's fence in the
+	// transaction that records this step (PROTOCOL.md: the pending record
+	// or policy_denied, and policy_error, which passed the fence check).
+	Raise bool
+}
+
+// Recorded reports whether the outcome leaves an op record.
+func (d Decision) Recorded() bool { return wire.Recorded(d.Code) }
+
+// DeviceRules is the part of a device's configuration the checks read.
+type DeviceRules struct {
+	ID        string
+	Lock      string // the bound lock; "": none
+	Policy    bool   // a policy plugin is bound (it may deny or rewrite)
+	Queryable bool   // the device answers ops queries with tombstones
+	// Resends is how many times an operation the device confirmed
+	// unapplied is sent again under a new key; after that it ends
+	// failed/not_applied.
+	Resends int
+}
+
+// Admission is what the checks on arrival decided for one delivery.
+type Admission int
+
+const (
+	// AdmitIgnore: acknowledged only, never answered (RETAIN=1, an empty
+	// payload, a topic that is not a device's cmd topic).
+	AdmitIgnore Admission = iota + 1
+	// AdmitAnswer: answered now with the Admission's code, not recorded.
+	AdmitAnswer
+	// AdmitDedup: the device is configured; the op_id must be looked up.
+	AdmitDedup
+	// AdmitQueued: into the inbox.
+	AdmitQueued
+	// AdmitInFlight: a resend of a queued or pending op: acknowledged
+	// only (its Result will come).
+	AdmitInFlight
+	// AdmitReplay: a resend of a recorded op: its Result is replayed
+	// (duplicate: true).
+	AdmitReplay
+)
+
+// Arrival is what is known of a delivery before the store is read.
+type Arrival struct {
+	Retained bool
+	Empty    bool            // no payload
+	CmdTopic bool            // the topic is one of this gateway's cmd topics
+	ParseErr *wire.ParseError // the payload is not a valid Command
+	Known    bool            // the device is configured
+}
+
+// Arrive is step 1 of the order of checks up to the store: RETAIN=1 ->
+// (unauthorized, §6) -> invalid -> unknown_device; a command that passes
+// goes on to Dedup.
+func Arrive(a Arrival) (Admission, wire.Code) {
+	switch {
+	case a.Retained, a.Empty, !a.CmdTopic:
+		return AdmitIgnore, ""
+	case a.ParseErr != nil:
+		return AdmitAnswer, wire.CodeInvalid
+	case !a.Known:
+		return AdmitAnswer, wire.CodeUnknownDevice
+	}
+	return AdmitDedup, ""
+}
+
+// Dedup is the rest of step 1, against the op's record (nil: none) inside
+// the admission's transaction: op_conflict -> replay of a final or unknown
+// record / acknowledgement of a queued or pending one -> busy when the
+// worker holds more than limit commands besides the one in hand -> inbox.
+func Dedup(rec *store.Op, sameContent bool, depth, limit int64) (Admission, wire.Code) {
+	switch {
+	case rec != nil && !sameContent:
+		return AdmitAnswer, wire.CodeOpConflict
+	case rec != nil && (rec.Status == store.OpFinal || rec.Status == store.OpUnknown):
+		return AdmitReplay, ""
+	case rec != nil:
+		return AdmitInFlight, ""
+	case depth > limit:
+		return AdmitAnswer, wire.CodeBusy
+	}
+	return AdmitQueued, ""
+}
+
+// Check is step 2 of the order of checks, for a queued command in its
+// worker (or in its admission's commit when the worker is idle): lock ->
+// expires_at -> fence -> barrier -> policy or send. d is the device's
+// record.
+func Check(r DeviceRules, o *store.Op, d store.Device, now time.Time) Decision {
+	switch {
+	case r.Lock != "" && o.Lock != r.Lock:
+		return end(wire.CodeLockMismatch, "lock %q does not match %s's bound lock %q", o.Lock, o.Device, r.Lock)
+	case expired(o, now):
+		return end(wire.CodeExpired, "reached at %s, after expires_at %s", stamp(now), stamp(*o.ExpiresAt))
+	case o.Fence < d.LastFence:
+		// Invariant 1: a fence below last_fence never reaches the device.
+		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d", o.Fence, o.Device, d.LastFence)
+	case o.Action == wire.ActionFence:
+		dec := end(wire.CodeOK, "barrier: last_fence is now %d", max(o.Fence, d.LastFence))
+		dec.Raise = true
+		return dec
+	case r.Policy:
+		return Decision{Step: StepPolicy}
+	}
+	return Decision{Step: StepSend, Raise: true}
+}
+
+// AfterPolicy is the policy's step: it could not decide -> policy_error
+// (fail closed, invariant 5; the command passed the fence check, so
+// last_fence is raised: invariant 1); denied -> policy_denied (recorded,
+// raised); allowed -> send.
+func AfterPolicy(o *store.Op, dec policy.Decision, err error) Decision {
+	var d Decision
+	switch {
+	case err != nil:
+		d = end(wire.CodePolicyError, "policy for %s could not decide: %v", o.Device, err)
+	case !dec.Allow:
+		d = end(wire.CodePolicyDenied, "%s", dec.Reason)
+		if dec.Reason == "" {
+			d.Reason = "denied by policy"
+		}
+	default:
+		d = Decision{Step: StepSend}
+	}
+	d.Raise = true
+	return d
+}
+
+// AfterWrite classifies a write's outcome (DESIGN.md, "Talking to a
+// device"): applied -> ok; refused -> device_error; not sent ->
+// device_unreachable, unless the operation has been unknown (invariant 6:
+// it stays held until final); anything else may have happened: unknown.
+func AfterWrite(o *store.Op, res device.WriteResult) Decision {
+	switch res.Outcome {
+	case device.Applied:
+		return applied(o)
+	case device.Refused:
+		return end(wire.CodeDeviceError, "%s refused the write: %s", o.Device, res.Reason)
+	case device.NotSent:
+		if !o.WasUnknown {
+			return end(wire.CodeDeviceUnreachable, "%s could not be reached: %s", o.Device, res.Reason)
+		}
+	}
+	return Decision{Step: StepUnknown, Reason: fmt.Sprintf("the write to %s may or may not have happened: %s", o.Device, res.Reason)}
+}
+
+// AfterQuery is the device's answer about an unresolved write's key:
+// applied -> ok; not applied (the key is now tombstoned) -> expired once
+// expires_at has passed, failed/not_applied once the resends are used up,
+// else a resend under a new key.
+func AfterQuery(r DeviceRules, o *store.Op, q device.QueryResult, now time.Time) Decision {
+	switch {
+	case q.Applied:
+		return applied(o)
+	case expired(o, now):
+		return end(wire.CodeExpired, "the write was not applied and expires_at %s has passed; not resent", stamp(*o.ExpiresAt))
+	case o.Keys > r.Resends:
+		return end(wire.CodeNotApplied, "%s confirmed that the write was not applied, %d times; not resent again (driver.resends: %d)", o.Device, o.Keys, r.Resends)
+	}
+	return Decision{Step: StepResend}
+}
+
+// Operator is an operator's answer for an unknown write on a device that
+// cannot be asked: applied -> ok; not applied -> failed/not_applied, never
+// resent (invariant 6).
+func Operator(applied bool) Decision {
+	if applied {
+		return end(wire.CodeOK, "an operator resolved the unknown write: it was applied")
+	}
+	return end(wire.CodeNotApplied, "an operator resolved the unknown write: it did not happen; it is not resent")
+}
+
+func applied(o *store.Op) Decision {
+	return end(wire.CodeOK, "%s applied %s", o.Device, o.Action)
+}
+
+func end(code wire.Code, format string, a ...any) Decision {
+	return Decision{Step: StepEnd, Code: code, Reason: fmt.Sprintf(format, a...)}
+}
+
+func expired(o *store.Op, now time.Time) bool {
+	return o.ExpiresAt != nil && now.After(*o.ExpiresAt)
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

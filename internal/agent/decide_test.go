@@ -1,0 +1,253 @@
+package agent
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/policy"
+	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// These tables cover every row of PROTOCOL.md §1's result-code table and
+// every step of its order of checks, on decide.go's pure functions: no
+// broker, no disk.
+
+var (
+	t0     = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	past   = t0.Add(-time.Second)
+	future = t0.Add(time.Hour)
+)
+
+func TestArriveOrder(t *testing.T) {
+	pe := &wire.ParseError{Reason: "fence: missing"}
+	tests := []struct {
+		name string
+		in   Arrival
+		want Admission
+		code wire.Code
+	}{
+		{"retained is ignored before anything", Arrival{Retained: true, CmdTopic: true, ParseErr: pe}, AdmitIgnore, ""},
+		{"empty payload is ignored", Arrival{Empty: true, CmdTopic: true}, AdmitIgnore, ""},
+		{"not a cmd topic is ignored", Arrival{Known: true}, AdmitIgnore, ""},
+		{"invalid before unknown_device", Arrival{CmdTopic: true, ParseErr: pe}, AdmitAnswer, wire.CodeInvalid},
+		{"invalid on a known device", Arrival{CmdTopic: true, ParseErr: pe, Known: true}, AdmitAnswer, wire.CodeInvalid},
+		{"unknown_device", Arrival{CmdTopic: true}, AdmitAnswer, wire.CodeUnknownDevice},
+		{"valid and known goes to dedup", Arrival{CmdTopic: true, Known: true}, AdmitDedup, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, code := Arrive(tt.in)
+			if got != tt.want || code != tt.code {
+				t.Fatalf("Arrive = %v %q, want %v %q", got, code, tt.want, tt.code)
+			}
+		})
+	}
+}
+
+func TestDedupOrder(t *testing.T) {
+	rec := func(s store.OpStatus) *store.Op { return &store.Op{Status: s} }
+	tests := []struct {
+		name         string
+		rec          *store.Op
+		same         bool
+		depth, limit int64
+		want         Admission
+		code         wire.Code
+	}{
+		{"op_conflict before everything", rec(store.OpFinal), false, 100, 1, AdmitAnswer, wire.CodeOpConflict},
+		{"op_conflict on a queued record", rec(store.OpQueued), false, 0, 1, AdmitAnswer, wire.CodeOpConflict},
+		{"final is replayed", rec(store.OpFinal), true, 0, 1, AdmitReplay, ""},
+		{"unknown is replayed", rec(store.OpUnknown), true, 0, 1, AdmitReplay, ""},
+		{"queued is only acknowledged", rec(store.OpQueued), true, 0, 1, AdmitInFlight, ""},
+		{"pending is only acknowledged", rec(store.OpPending), true, 0, 1, AdmitInFlight, ""},
+		{"a resend is never busy", rec(store.OpQueued), true, 100, 1, AdmitInFlight, ""},
+		{"busy when more than limit wait", nil, false, 3, 2, AdmitAnswer, wire.CodeBusy},
+		{"the limit itself still fits (one in hand)", nil, false, 2, 2, AdmitQueued, ""},
+		{"queued", nil, false, 0, 2, AdmitQueued, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, code := Dedup(tt.rec, tt.same, tt.depth, tt.limit)
+			if got != tt.want || code != tt.code {
+				t.Fatalf("Dedup = %v %q, want %v %q", got, code, tt.want, tt.code)
+			}
+		})
+	}
+}
+
+func TestCheckOrder(t *testing.T) {
+	op := func(f func(o *store.Op)) *store.Op {
+		o := &store.Op{Device: "pump-7", OpID: "op-1", Fence: 10, Action: "set", Lock: "locks/pump-7"}
+		if f != nil {
+			f(o)
+		}
+		return o
+	}
+	locked := DeviceRules{ID: "pump-7", Lock: "locks/pump-7"}
+	tests := []struct {
+		name   string
+		rules  DeviceRules
+		o      *store.Op
+		last   int64
+		want   Step
+		code   wire.Code
+		raise  bool
+		reason string
+	}{
+		{"lock_mismatch before expired and stale_fence", locked,
+			op(func(o *store.Op) { o.Lock, o.ExpiresAt, o.Fence = "other", &past, 1 }), 5, StepEnd, wire.CodeLockMismatch, false, `lock "other" does not match`},
+		{"a missing lock is a mismatch", locked, op(func(o *store.Op) { o.Lock = "" }), 0, StepEnd, wire.CodeLockMismatch, false, "bound lock"},
+		{"no bound lock: any lock passes", DeviceRules{}, op(func(o *store.Op) { o.Lock = "x" }), 0, StepSend, "", true, ""},
+		{"expired before stale_fence", locked, op(func(o *store.Op) { o.ExpiresAt, o.Fence = &past, 1 }), 5, StepEnd, wire.CodeExpired, false, "after expires_at"},
+		{"not yet expired", locked, op(func(o *store.Op) { o.ExpiresAt = &future }), 0, StepSend, "", true, ""},
+		{"stale_fence", locked, op(func(o *store.Op) { o.Fence = 4 }), 5, StepEnd, wire.CodeStaleFence, false, "fence 4 is below pump-7's last_fence 5"},
+		{"stale barrier", locked, op(func(o *store.Op) { o.Fence, o.Action = 4, wire.ActionFence }), 5, StepEnd, wire.CodeStaleFence, false, ""},
+		{"equal fence is allowed", locked, op(func(o *store.Op) { o.Fence = 5 }), 5, StepSend, "", true, ""},
+		{"barrier is applied and raises, skipping the policy", DeviceRules{Lock: "locks/pump-7", Policy: true},
+			op(func(o *store.Op) { o.Action = wire.ActionFence }), 5, StepEnd, wire.CodeOK, true, "barrier: last_fence is now 10"},
+		{"equal barrier", locked, op(func(o *store.Op) { o.Fence, o.Action = 5, wire.ActionFence }), 5, StepEnd, wire.CodeOK, true, "last_fence is now 5"},
+		{"policy bound: evaluate", DeviceRules{Lock: "locks/pump-7", Policy: true}, op(nil), 5, StepPolicy, "", false, ""},
+		{"no policy: send, raising", locked, op(nil), 5, StepSend, "", true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Check(tt.rules, tt.o, store.Device{LastFence: tt.last}, t0)
+			if d.Step != tt.want || d.Code != tt.code || d.Raise != tt.raise || !strings.Contains(d.Reason, tt.reason) {
+				t.Fatalf("Check = %+v, want step %v code %q raise %v reason ~%q", d, tt.want, tt.code, tt.raise, tt.reason)
+			}
+		})
+	}
+}
+
+func TestAfterPolicy(t *testing.T) {
+	o := &store.Op{Device: "pump-7"}
+	tests := []struct {
+		name   string
+		dec    policy.Decision
+		err    error
+		want   Step
+		code   wire.Code
+		reason string
+	}{
+		{"could not decide: policy_error, fail closed", policy.Decision{Allow: true}, errors.New("trap"), StepEnd, wire.CodePolicyError, "could not decide: trap"},
+		{"denied", policy.Decision{Reason: "rpm above 3000"}, nil, StepEnd, wire.CodePolicyDenied, "rpm above 3000"},
+		{"denied without a reason", policy.Decision{}, nil, StepEnd, wire.CodePolicyDenied, "denied by policy"},
+		{"allowed", policy.Decision{Allow: true}, nil, StepSend, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := AfterPolicy(o, tt.dec, tt.err)
+			// Every outcome of the policy step passed the fence check, so
+			// each raises last_fence (invariant 1).
+			if d.Step != tt.want || d.Code != tt.code || !d.Raise || !strings.Contains(d.Reason, tt.reason) {
+				t.Fatalf("AfterPolicy = %+v, want step %v code %q raise reason ~%q", d, tt.want, tt.code, tt.reason)
+			}
+		})
+	}
+}
+
+func TestAfterWrite(t *testing.T) {
+	tests := []struct {
+		name       string
+		res        device.WriteResult
+		wasUnknown bool
+		want       Step
+		code       wire.Code
+	}{
+		{"applied", device.WriteResult{Outcome: device.Applied}, false, StepEnd, wire.CodeOK},
+		{"refused: device_error", device.WriteResult{Outcome: device.Refused, Reason: "rpm: out of range"}, false, StepEnd, wire.CodeDeviceError},
+		{"not sent: device_unreachable", device.WriteResult{Outcome: device.NotSent}, false, StepEnd, wire.CodeDeviceUnreachable},
+		{"not sent after unknown: held (invariant 6)", device.WriteResult{Outcome: device.NotSent}, true, StepUnknown, ""},
+		{"unknown", device.WriteResult{Outcome: device.Unknown, Reason: "timeout"}, false, StepUnknown, ""},
+		{"refused after unknown is final", device.WriteResult{Outcome: device.Refused}, true, StepEnd, wire.CodeDeviceError},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := AfterWrite(&store.Op{Device: "pump-7", WasUnknown: tt.wasUnknown}, tt.res)
+			if d.Step != tt.want || d.Code != tt.code || d.Raise {
+				t.Fatalf("AfterWrite = %+v, want step %v code %q, no raise", d, tt.want, tt.code)
+			}
+		})
+	}
+}
+
+func TestAfterQuery(t *testing.T) {
+	rules := DeviceRules{Queryable: true, Resends: 2}
+	tests := []struct {
+		name    string
+		q       device.QueryResult
+		keys    int
+		expires *time.Time
+		want    Step
+		code    wire.Code
+	}{
+		{"applied", device.QueryResult{Applied: true}, 1, nil, StepEnd, wire.CodeOK},
+		{"applied even after expiry", device.QueryResult{Applied: true}, 1, &past, StepEnd, wire.CodeOK},
+		{"not applied: resend", device.QueryResult{}, 1, nil, StepResend, ""},
+		{"not applied, expired: expired", device.QueryResult{}, 1, &past, StepEnd, wire.CodeExpired},
+		{"expired before the resend limit", device.QueryResult{}, 3, &past, StepEnd, wire.CodeExpired},
+		{"not applied, last resend allowed", device.QueryResult{}, 2, &future, StepResend, ""},
+		{"not applied, resends used up: not_applied", device.QueryResult{}, 3, nil, StepEnd, wire.CodeNotApplied},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := AfterQuery(rules, &store.Op{Device: "pump-7", Keys: tt.keys, ExpiresAt: tt.expires}, tt.q, t0)
+			if d.Step != tt.want || d.Code != tt.code || d.Raise {
+				t.Fatalf("AfterQuery = %+v, want step %v code %q", d, tt.want, tt.code)
+			}
+		})
+	}
+	if d := AfterQuery(DeviceRules{Resends: 0}, &store.Op{Keys: 1}, device.QueryResult{}, t0); d.Code != wire.CodeNotApplied {
+		t.Fatalf("resends: 0 must never resend, got %+v", d)
+	}
+}
+
+func TestOperator(t *testing.T) {
+	if d := Operator(true); d.Step != StepEnd || d.Code != wire.CodeOK || d.Raise {
+		t.Fatalf("Operator(true) = %+v", d)
+	}
+	if d := Operator(false); d.Step != StepEnd || d.Code != wire.CodeNotApplied || d.Raise {
+		t.Fatalf("Operator(false) = %+v", d)
+	}
+}
+
+// Every code of PROTOCOL.md's table: its status, and whether it leaves a
+// record ("What is recorded").
+func TestResultCodeTable(t *testing.T) {
+	tests := []struct {
+		code     wire.Code
+		status   wire.Status
+		recorded bool
+	}{
+		{wire.CodeOK, wire.StatusApplied, true},
+		{wire.CodeInvalid, wire.StatusRejected, false},
+		{wire.CodeUnknownDevice, wire.StatusRejected, false},
+		{wire.CodeStaleFence, wire.StatusRejected, true},
+		{wire.CodeLockMismatch, wire.StatusRejected, true},
+		{wire.CodeOpConflict, wire.StatusRejected, false},
+		{wire.CodePolicyDenied, wire.StatusRejected, true},
+		{wire.CodePolicyError, wire.StatusRejected, false},
+		{wire.CodeExpired, wire.StatusRejected, true},
+		{wire.CodeBusy, wire.StatusRejected, false},
+		{wire.CodeUnauthorized, wire.StatusRejected, false},
+		{wire.CodeDeviceError, wire.StatusFailed, true},
+		{wire.CodeDeviceUnreachable, wire.StatusFailed, false},
+		{wire.CodeNotApplied, wire.StatusFailed, true},
+		{wire.CodeOutcomeUnknown, wire.StatusUnknown, true},
+	}
+	if len(tests) != len(wire.Codes) {
+		t.Fatalf("the table has %d codes, wire.Codes %d", len(tests), len(wire.Codes))
+	}
+	for _, tt := range tests {
+		if s := wire.StatusOf(tt.code); s != tt.status {
+			t.Errorf("StatusOf(%s) = %s, want %s", tt.code, s, tt.status)
+		}
+		if r := (Decision{Code: tt.code}).Recorded(); r != tt.recorded {
+			t.Errorf("Recorded(%s) = %v, want %v", tt.code, r, tt.recorded)
+		}
+	}
+}
