@@ -109,10 +109,10 @@ const (
 // Arrival is what is known of a delivery before the store is read.
 type Arrival struct {
 	Retained bool
-	Empty    bool            // no payload
-	CmdTopic bool            // the topic is one of this gateway's cmd topics
+	Empty    bool             // no payload
+	CmdTopic bool             // the topic is one of this gateway's cmd topics
 	ParseErr *wire.ParseError // the payload is not a valid Command
-	Known    bool            // the device is configured
+	Known    bool             // the device is configured
 }
 
 // Arrive is step 1 of the order of checks up to the store: RETAIN=1 ->

@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/device"
 )
 
 // BenchmarkApply: writes through the HTTP driver to an in-process

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/device"
 )
 
 var simDevices = map[string]string{"pump-7": "pump", "valve-1": "valve", "gen-1": "generic"}
