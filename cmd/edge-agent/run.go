@@ -14,9 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/edge-agent/edge-agent/configs"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
-	"github.com/edge-agent/edge-agent/configs"
 )
 
 func runCmd() *cobra.Command {
