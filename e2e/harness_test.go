@@ -87,6 +87,8 @@ type devSpec struct {
 	lock       string
 	group      string
 	policy     string // raw YAML of the policy block, indented by 6
+	driver     string // extra raw YAML of the driver block, indented by 6
+	url        string // the driver's url; "": the simulator's
 }
 
 func pump(id string) devSpec {
@@ -160,8 +162,13 @@ func (e *env) writeConfig() string {
 		if d.group != "" {
 			fmt.Fprintf(&b, "    group: %s\n", d.group)
 		}
+		url := d.url
+		if url == "" {
+			url = e.sim.URL()
+		}
 		fmt.Fprintf(&b, "    driver:\n      url: %s\n      timeout: %s\n      retries: %d\n      idempotent: %v\n      queryable: %v\n",
-			e.sim.URL(), d.timeout, d.retries, d.idempotent, d.queryable)
+			url, d.timeout, d.retries, d.idempotent, d.queryable)
+		b.WriteString(d.driver)
 		if d.policy != "" {
 			b.WriteString("    policy:\n" + d.policy)
 		}

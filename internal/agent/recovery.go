@@ -173,7 +173,23 @@ func (w *worker) settleRecovered() error {
 			if err := w.end(rt, &o, dec, state); err != nil {
 				return err
 			}
+			w.forget(e.Seq)
 		}
 	}
 	return nil
+}
+
+// forget removes the entry seq, ended out of turn, from the queue.
+func (w *worker) forget(seq uint64) {
+	w.mu.Lock()
+	for i, e := range w.fifo {
+		if e.Seq == seq {
+			w.fifo = append(w.fifo[:i], w.fifo[i+1:]...)
+			w.unresolved--
+			break
+		}
+	}
+	w.mu.Unlock()
+	d := w.depth.Add(-1)
+	w.a.m.queueDepth.WithLabelValues(w.id).Set(float64(d))
 }
