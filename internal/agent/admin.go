@@ -192,8 +192,7 @@ func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 	})
 	mux.HandleFunc("POST /v1/devices/{dev}/ops/{op}/resolve", func(w http.ResponseWriter, r *http.Request) {
 		if o.Token != "" {
-			got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if subtle.ConstantTimeCompare([]byte(got), []byte(o.Token)) != 1 {
+			if !bearerOK(r, o.Token) {
 				writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Authorization: Bearer <admin.token> required"})
 				return
 			}
@@ -220,6 +219,17 @@ func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 		writeJSON(w, http.StatusOK, res)
 	})
 	return mux
+}
+
+// bearerOK reports whether r carries "Authorization: Bearer <token>". The
+// scheme is case-insensitive (RFC 6750 / RFC 9110: "bearer" and "BEARER"
+// are the same), and required: a bare token is refused.
+func bearerOK(r *http.Request, token string) bool {
+	scheme, got, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(token)) == 1
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
