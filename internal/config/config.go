@@ -198,53 +198,43 @@ func bad(key, format string, a ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, a...))
 }
 
+// problems collects every problem of a configuration, each naming its key.
+type problems []error
+
+func (p *problems) add(key, format string, a ...any) { *p = append(*p, bad(key, format, a...)) }
+
+// err is nil without problems; else every problem, one per line, each
+// wrapping ErrInvalid.
+func (p problems) err() error { return errors.Join(p...) }
+
+// validate is load, then provision, then validate (caddy's order): the
+// defaults are filled in, every rule is checked, then the files the
+// configuration names are read. It reports every problem, not only the
+// first.
 func (c *Config) validate() error {
-	if c.GatewayID == "" {
-		return bad("gateway_id", "required")
+	c.defaults()
+	var p problems
+	c.check(&p)
+	if len(p) == 0 {
+		c.readFiles(&p)
 	}
-	if !wire.ValidDeviceID(c.GatewayID) {
-		return bad("gateway_id", "%q must match [A-Za-z0-9_.-]{1,64}", c.GatewayID)
-	}
+	return p.err()
+}
+
+// defaults fills in every default of PROTOCOL.md §5 (and docs/config.md's
+// extensions) that a key left unset.
+func (c *Config) defaults() {
 	if c.DataDir == "" {
 		c.DataDir = "./data"
 	}
-	if c.MQTT.Broker == "" {
-		return bad("mqtt.broker", "required: embedded, tcp://host:port or ssl://host:port")
+	if c.MQTT.Broker == "embedded" && c.MQTT.EmbeddedListen == "" {
+		c.MQTT.EmbeddedListen = DefaultEmbeddedListen
 	}
-	if c.MQTT.Broker == "embedded" {
-		if c.MQTT.EmbeddedListen == "" {
-			c.MQTT.EmbeddedListen = DefaultEmbeddedListen
-		}
-	} else {
-		if c.MQTT.EmbeddedListen != "" {
-			return bad("mqtt.embedded_listen", "only with broker: embedded")
-		}
-		if !strings.HasPrefix(c.MQTT.Broker, "tcp://") && !strings.HasPrefix(c.MQTT.Broker, "ssl://") &&
-			!strings.HasPrefix(c.MQTT.Broker, "mqtt://") && !strings.HasPrefix(c.MQTT.Broker, "tls://") {
-			return bad("mqtt.broker", "%q: want embedded, tcp://host:port or ssl://host:port", c.MQTT.Broker)
-		}
-	}
-	if c.MQTT.ClientID == "" {
+	if c.MQTT.ClientID == "" && c.GatewayID != "" {
 		c.MQTT.ClientID = "edge-agent-" + c.GatewayID
 	}
 	if c.MQTT.TopicPrefix == "" {
 		c.MQTT.TopicPrefix = wire.DefaultPrefix
-	}
-	if strings.ContainsAny(c.MQTT.TopicPrefix, "+#") {
-		return bad("mqtt.topic_prefix", "%q must not contain + or #", c.MQTT.TopicPrefix)
-	}
-	if c.MQTT.Password != "" && c.MQTT.PasswordFile != "" {
-		return bad("mqtt.password_file", "set password or password_file, not both")
-	}
-	if c.MQTT.PasswordFile != "" {
-		b, err := os.ReadFile(c.MQTT.PasswordFile)
-		if err != nil {
-			return bad("mqtt.password_file", "%v", err)
-		}
-		c.MQTT.Password = strings.TrimRight(string(b), "\r\n")
-	}
-	if (c.MQTT.TLS.CertFile == "") != (c.MQTT.TLS.KeyFile == "") {
-		return bad("mqtt.tls", "cert_file and key_file go together")
 	}
 	if c.Admin.Listen == nil {
 		l := DefaultAdminListen
@@ -256,112 +246,183 @@ func (c *Config) validate() error {
 	if c.Dedup.Retention == 0 {
 		c.Dedup.Retention = Duration(DefaultRetention)
 	}
-	if c.Dedup.Retention < 0 {
-		return bad("dedup.retention", "must be positive")
-	}
 	if c.Dedup.KeepLast == nil {
 		k := DefaultKeepLast
 		c.Dedup.KeepLast = &k
 	}
-	if *c.Dedup.KeepLast < 0 {
-		return bad("dedup.keep_last", "must not be negative")
-	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(DefaultShutdownTimeout)
 	}
-	if c.ShutdownTimeout < 0 {
-		return bad("shutdown_timeout", "must be positive")
-	}
-	if len(c.Devices) == 0 {
-		return bad("devices", "at least one device is required")
-	}
-	seen := map[string]int{}
-	for i, d := range c.Devices {
-		key := fmt.Sprintf("devices[%d]", i)
+	for _, d := range c.Devices {
 		if d == nil {
-			return bad(key, "empty entry")
-		}
-		if d.ID == "" {
-			return bad(key+".id", "required")
-		}
-		key = fmt.Sprintf("devices[%d] (%s)", i, d.ID)
-		if !wire.ValidDeviceID(d.ID) {
-			return bad(key+".id", "%q must match [A-Za-z0-9_.-]{1,64}", d.ID)
-		}
-		if j, dup := seen[d.ID]; dup {
-			return bad(key+".id", "duplicate device %q (also devices[%d])", d.ID, j)
-		}
-		seen[d.ID] = i
-		if !DeviceTypes[d.Type] {
-			return bad(key+".type", "%q: want pump, valve, relay or generic", d.Type)
-		}
-		if d.Group != "" && !wire.ValidDeviceID(d.Group) {
-			return bad(key+".group", "%q must match [A-Za-z0-9_.-]{1,64}", d.Group)
+			continue
 		}
 		if d.Queue == nil {
 			q := DefaultQueue
 			d.Queue = &q
 		}
-		if *d.Queue < 1 || *d.Queue > MaxQueue {
-			return bad(key+".queue", "%d: must be from 1 to %d", *d.Queue, MaxQueue)
-		}
 		if d.Driver.Kind == "" {
 			d.Driver.Kind = "http"
 		}
-		if d.Driver.Kind != "http" {
-			return bad(key+".driver.kind", "%q: only http exists", d.Driver.Kind)
-		}
-		if d.Driver.URL == "" {
-			return bad(key+".driver.url", "required")
-		}
-		if !strings.HasPrefix(d.Driver.URL, "http://") && !strings.HasPrefix(d.Driver.URL, "https://") {
-			return bad(key+".driver.url", "%q: want http:// or https://", d.Driver.URL)
-		}
 		if d.Driver.Timeout == 0 {
 			d.Driver.Timeout = Duration(DefaultTimeout)
-		}
-		if d.Driver.Timeout < 0 {
-			return bad(key+".driver.timeout", "must be positive")
 		}
 		if d.Driver.Retries == nil {
 			r := 0
 			d.Driver.Retries = &r
 		}
-		if *d.Driver.Retries < 0 || *d.Driver.Retries > 10 {
-			return bad(key+".driver.retries", "%d: must be from 0 to 10", *d.Driver.Retries)
-		}
 		if d.Driver.Resends == nil {
 			r := DefaultResends
 			d.Driver.Resends = &r
 		}
-		if *d.Driver.Resends < 0 || *d.Driver.Resends > MaxResends {
-			return bad(key+".driver.resends", "%d: must be from 0 to %d", *d.Driver.Resends, MaxResends)
-		}
 		if d.Policy != nil {
-			if l := d.Policy.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {
-				return bad(key+".policy.limits", "must not be negative")
-			}
-			if d.Policy.Plugin == "" {
-				return bad(key+".policy.plugin", "required")
-			}
-			if strings.ContainsAny(d.Policy.Plugin, "/\\") || strings.HasSuffix(d.Policy.Plugin, ".wasm") {
-				return bad(key+".policy.plugin", "%q: a file name in plugins.dir without .wasm", d.Policy.Plugin)
-			}
 			d.Policy.ConfigJSON = json.RawMessage("{}")
-			if d.Policy.Config.Kind != 0 {
-				var v any
-				if err := d.Policy.Config.Decode(&v); err != nil {
-					return bad(key+".policy.config", "%v", err)
-				}
-				b, err := json.Marshal(jsonable(v))
-				if err != nil {
-					return bad(key+".policy.config", "cannot be expressed as JSON: %v", err)
-				}
-				d.Policy.ConfigJSON = b
-			}
 		}
 	}
-	return nil
+}
+
+// check adds a problem for every rule the configuration breaks. It reads
+// no file.
+func (c *Config) check(p *problems) {
+	switch {
+	case c.GatewayID == "":
+		p.add("gateway_id", "required")
+	case !wire.ValidDeviceID(c.GatewayID):
+		p.add("gateway_id", "%q must match [A-Za-z0-9_.-]{1,64}", c.GatewayID)
+	}
+	c.checkMQTT(p)
+	if c.Dedup.Retention < 0 {
+		p.add("dedup.retention", "must be positive")
+	}
+	if *c.Dedup.KeepLast < 0 {
+		p.add("dedup.keep_last", "must not be negative")
+	}
+	if c.ShutdownTimeout < 0 {
+		p.add("shutdown_timeout", "must be positive")
+	}
+	if len(c.Devices) == 0 {
+		p.add("devices", "at least one device is required")
+	}
+	seen := map[string]int{}
+	for i, d := range c.Devices {
+		c.checkDevice(p, i, d, seen)
+	}
+}
+
+func (c *Config) checkMQTT(p *problems) {
+	m := &c.MQTT
+	switch {
+	case m.Broker == "":
+		p.add("mqtt.broker", "required: embedded, tcp://host:port or ssl://host:port")
+	case m.Broker == "embedded":
+	default:
+		if m.EmbeddedListen != "" {
+			p.add("mqtt.embedded_listen", "only with broker: embedded")
+		}
+		if !strings.HasPrefix(m.Broker, "tcp://") && !strings.HasPrefix(m.Broker, "ssl://") &&
+			!strings.HasPrefix(m.Broker, "mqtt://") && !strings.HasPrefix(m.Broker, "tls://") {
+			p.add("mqtt.broker", "%q: want embedded, tcp://host:port or ssl://host:port", m.Broker)
+		}
+	}
+	if strings.ContainsAny(m.TopicPrefix, "+#") {
+		p.add("mqtt.topic_prefix", "%q must not contain + or #", m.TopicPrefix)
+	}
+	if m.Password != "" && m.PasswordFile != "" {
+		p.add("mqtt.password_file", "set password or password_file, not both")
+	}
+	if (m.TLS.CertFile == "") != (m.TLS.KeyFile == "") {
+		p.add("mqtt.tls", "cert_file and key_file go together")
+	}
+}
+
+func (c *Config) checkDevice(p *problems, i int, d *Device, seen map[string]int) {
+	key := fmt.Sprintf("devices[%d]", i)
+	if d == nil {
+		p.add(key, "empty entry")
+		return
+	}
+	if d.ID == "" {
+		p.add(key+".id", "required")
+	} else {
+		key = fmt.Sprintf("devices[%d] (%s)", i, d.ID)
+		if !wire.ValidDeviceID(d.ID) {
+			p.add(key+".id", "%q must match [A-Za-z0-9_.-]{1,64}", d.ID)
+		}
+		if j, dup := seen[d.ID]; dup {
+			p.add(key+".id", "duplicate device %q (also devices[%d])", d.ID, j)
+		} else {
+			seen[d.ID] = i
+		}
+	}
+	if !DeviceTypes[d.Type] {
+		p.add(key+".type", "%q: want pump, valve, relay or generic", d.Type)
+	}
+	if d.Group != "" && !wire.ValidDeviceID(d.Group) {
+		p.add(key+".group", "%q must match [A-Za-z0-9_.-]{1,64}", d.Group)
+	}
+	if *d.Queue < 1 || *d.Queue > MaxQueue {
+		p.add(key+".queue", "%d: must be from 1 to %d", *d.Queue, MaxQueue)
+	}
+	dr := &d.Driver
+	if dr.Kind != "http" {
+		p.add(key+".driver.kind", "%q: only http exists", dr.Kind)
+	}
+	switch {
+	case dr.URL == "":
+		p.add(key+".driver.url", "required")
+	case !strings.HasPrefix(dr.URL, "http://") && !strings.HasPrefix(dr.URL, "https://"):
+		p.add(key+".driver.url", "%q: want http:// or https://", dr.URL)
+	}
+	if dr.Timeout < 0 {
+		p.add(key+".driver.timeout", "must be positive")
+	}
+	if *dr.Retries < 0 || *dr.Retries > 10 {
+		p.add(key+".driver.retries", "%d: must be from 0 to 10", *dr.Retries)
+	}
+	if *dr.Resends < 0 || *dr.Resends > MaxResends {
+		p.add(key+".driver.resends", "%d: must be from 0 to %d", *dr.Resends, MaxResends)
+	}
+	if pol := d.Policy; pol != nil {
+		if l := pol.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {
+			p.add(key+".policy.limits", "must not be negative")
+		}
+		switch {
+		case pol.Plugin == "":
+			p.add(key+".policy.plugin", "required")
+		case strings.ContainsAny(pol.Plugin, "/\\") || strings.HasSuffix(pol.Plugin, ".wasm"):
+			p.add(key+".policy.plugin", "%q: a file name in plugins.dir without .wasm", pol.Plugin)
+		}
+	}
+}
+
+// readFiles reads what the configuration names (the MQTT password file)
+// and converts the policy configs to JSON.
+func (c *Config) readFiles(p *problems) {
+	if c.MQTT.PasswordFile != "" {
+		b, err := os.ReadFile(c.MQTT.PasswordFile)
+		if err != nil {
+			p.add("mqtt.password_file", "%v", err)
+		} else {
+			c.MQTT.Password = strings.TrimRight(string(b), "\r\n")
+		}
+	}
+	for i, d := range c.Devices {
+		if d.Policy == nil || d.Policy.Config.Kind == 0 {
+			continue
+		}
+		key := fmt.Sprintf("devices[%d] (%s).policy.config", i, d.ID)
+		var v any
+		if err := d.Policy.Config.Decode(&v); err != nil {
+			p.add(key, "%v", err)
+			continue
+		}
+		b, err := json.Marshal(jsonable(v))
+		if err != nil {
+			p.add(key, "cannot be expressed as JSON: %v", err)
+			continue
+		}
+		d.Policy.ConfigJSON = b
+	}
 }
 
 // jsonable turns yaml's map[string]any trees into JSON-encodable values.

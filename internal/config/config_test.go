@@ -96,3 +96,47 @@ func TestErrorsNameTheKey(t *testing.T) {
 		})
 	}
 }
+
+// Issue 9: validate reported only the first problem. Every problem is
+// reported, each on its own line naming its key.
+func TestEveryProblemIsReported(t *testing.T) {
+	_, err := Parse([]byte(`gateway_id: "g/1"
+mqtt: {broker: "tcp://h:1", embedded_listen: "x", topic_prefix: "a/#"}
+dedup: {keep_last: -1}
+devices:
+  - {id: p, type: pump, driver: {url: "ftp://x", retries: 11, resends: 101}}
+  - {id: p, type: robot, queue: 0, driver: {url: "http://x"}, policy: {plugin: a.wasm}}
+  -
+`))
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("got %v, want ErrInvalid", err)
+	}
+	want := []string{
+		"gateway_id: \"g/1\" must match",
+		"mqtt.embedded_listen: only with broker: embedded",
+		"mqtt.topic_prefix:",
+		"dedup.keep_last: must not be negative",
+		"devices[0] (p).driver.url: \"ftp://x\"",
+		"devices[0] (p).driver.retries: 11",
+		"devices[0] (p).driver.resends: 101",
+		"devices[1] (p).id: duplicate device \"p\" (also devices[0])",
+		"devices[1] (p).type: \"robot\"",
+		"devices[1] (p).queue: 0",
+		"devices[1] (p).policy.plugin: \"a.wasm\"",
+		"devices[2]: empty entry",
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) {
+		t.Errorf("%d problems reported, want %d:\n%v", len(lines), len(want), err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("missing %q in:\n%v", w, err)
+		}
+	}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "config: invalid: ") {
+			t.Errorf("line %q does not say config: invalid", l)
+		}
+	}
+}
