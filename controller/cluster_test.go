@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
 
@@ -92,7 +93,7 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 	}
 	c.Kill(leader)
 	killed := time.Now()
-	eventually(t, 10*time.Second, "a new leader", func() bool {
+	testkit.Eventually(t, 10*time.Second, "a new leader", func() bool {
 		l, err := c.Leader(ctx)
 		return err == nil && l != leader
 	})

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
@@ -27,76 +28,17 @@ import (
 
 const e2eGateway = "gw-ctl"
 
-var (
-	e2eBuild    sync.Once
-	e2eBinDir   string
-	e2eBuildErr error
-)
-
 // e2eBinaries builds cmd/edge-agent and firmware-sim once per test binary.
-// It skips the test only while the agent's main package does not exist.
 func e2eBinaries(t *testing.T) (agent, simBin string) {
 	t.Helper()
-	if _, err := os.Stat("../cmd/edge-agent/main.go"); err != nil {
-		t.Skip("cmd/edge-agent/main.go does not exist yet: the end-to-end controller tests need the real agent")
-	}
-	e2eBuild.Do(func() {
-		dir, err := os.MkdirTemp("", "controller-e2e")
-		if err != nil {
-			e2eBuildErr = err
-			return
-		}
-		e2eBinDir = dir
-		for _, p := range []string{"edge-agent:../cmd/edge-agent", "firmware-sim:../firmware-sim", "edgectl:../cmd/edgectl", "example-controller:../examples/controller"} {
-			name, pkg, _ := strings.Cut(p, ":")
-			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
-			if err != nil {
-				e2eBuildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-				return
-			}
-		}
-	})
-	if e2eBuildErr != nil {
-		t.Fatal(e2eBuildErr)
-	}
-	return filepath.Join(e2eBinDir, "edge-agent"), filepath.Join(e2eBinDir, "firmware-sim")
+	return testkit.Build(t, "../cmd/edge-agent"), testkit.Build(t, "../firmware-sim")
 }
 
-// proc runs a process until t.Cleanup, with its output kept for failures.
-type proc struct {
-	cmd  *exec.Cmd
-	out  *mqtttest.SyncBuffer
-	done chan struct{}
-}
-
-func startProc(t *testing.T, name string, args ...string) *proc {
+// startProc runs a process until t.Cleanup (SIGTERM, then SIGKILL after
+// 10s), with its output kept for failures.
+func startProc(t *testing.T, name string, args ...string) *testkit.Proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(name, args...), out: &mqtttest.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", filepath.Base(name), tailString(p.out.String(), 4000))
-		}
-	})
-	return p
-}
-
-func tailString(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+	return testkit.StartProc(t, testkit.ProcOptions{}, name, args...)
 }
 
 // gateway is a running agent with its firmware simulator.
@@ -107,15 +49,15 @@ type gateway struct {
 func startGateway(t *testing.T, lock string) *gateway {
 	t.Helper()
 	agentBin, simBin := e2eBinaries(t)
-	g := &gateway{broker: startMosquitto(t)}
+	g := &gateway{broker: mqtttest.StartMosquitto(t).URL()}
 	dir := t.TempDir()
-	simAddr := etcdtest.FreeAddr(t)
+	simAddr := testkit.FreeAddr(t)
 	sp := startProc(t, simBin, "--listen", simAddr, "--devices", "pump-7:pump,valve-1:valve", "--journal", filepath.Join(dir, "journal.jsonl"))
 	g.simURL = "http://" + simAddr
-	eventually(t, 15*time.Second, "firmware-sim up", func() bool {
+	testkit.Eventually(t, 15*time.Second, "firmware-sim up", func() bool {
 		select {
-		case <-sp.done:
-			t.Fatalf("firmware-sim exited: %s", sp.out.String())
+		case <-sp.Done():
+			t.Fatalf("firmware-sim exited: %s", sp.Log())
 		default:
 		}
 		resp, err := http.Get(g.simURL + "/v1/journal")
@@ -125,7 +67,7 @@ func startGateway(t *testing.T, lock string) *gateway {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	adminAddr := etcdtest.FreeAddr(t)
+	adminAddr := testkit.FreeAddr(t)
 	g.admin = "http://" + adminAddr
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-agent-%s\n  topic_prefix: edge\n",
@@ -144,10 +86,10 @@ func startGateway(t *testing.T, lock string) *gateway {
 		t.Fatal(err)
 	}
 	ap := startProc(t, agentBin, "run", "--config", cfgPath)
-	eventually(t, 20*time.Second, "edge-agent ready", func() bool {
+	testkit.Eventually(t, 20*time.Second, "edge-agent ready", func() bool {
 		select {
-		case <-ap.done:
-			t.Fatalf("edge-agent exited: %s", ap.out.String())
+		case <-ap.Done():
+			t.Fatalf("edge-agent exited: %s", ap.Log())
 		default:
 		}
 		resp, err := http.Get(g.admin + "/readyz")
@@ -231,8 +173,8 @@ func TestE2EPausedHolderIsFenced(t *testing.T) {
 	const lock = "locks/device/pump-7"
 	g := startGateway(t, lock)
 	c := etcdtest.Start(t, 1)
-	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
-	cliA := newClient(t, proxy.URL())
+	proxy := testkit.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	cliA := newClient(t, "http://"+proxy.Addr())
 	cliB := c.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -299,7 +241,7 @@ func TestE2EPausedHolderIsFenced(t *testing.T) {
 		t.Fatalf("A is %s, want LOST", s)
 	}
 	var rec wire.Result
-	eventually(t, 10*time.Second, "the agent to record A's paused command", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the agent to record A's paused command", func() bool {
 		var ok bool
 		rec, ok = g.recorded(t, "pump-7", pausedOp)
 		return ok
@@ -373,7 +315,7 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 	stopA := make(chan struct{})
 	aDone := make(chan struct{})
 	go func() { defer close(aDone); loop("A", a, sa, stopA) }()
-	eventually(t, 10*time.Second, "A's writes to be applied", func() bool {
+	testkit.Eventually(t, 10*time.Second, "A's writes to be applied", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(accepted) >= 3
@@ -410,7 +352,7 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 	stopB := make(chan struct{})
 	bDone := make(chan struct{})
 	go func() { defer close(bDone); loop("B", b, sb, stopB) }()
-	eventually(t, 10*time.Second, "B's writes", func() bool {
+	testkit.Eventually(t, 10*time.Second, "B's writes", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return accepted[len(accepted)-1].who == "B"
@@ -522,7 +464,7 @@ func TestE2EEdgectl(t *testing.T) {
 	const lock = "locks/device/pump-7"
 	g := startGateway(t, lock)
 	c := etcdtest.Start(t, 1)
-	edgectl := filepath.Join(e2eBinDir, "edgectl")
+	edgectl := testkit.Build(t, "../cmd/edgectl")
 	runCtl := func(args ...string) (int, string) {
 		out, err := exec.Command(edgectl, args...).CombinedOutput()
 		code := 0
@@ -566,7 +508,7 @@ func TestE2EExampleController(t *testing.T) {
 	const lock = "locks/device/pump-7"
 	g := startGateway(t, lock)
 	c := etcdtest.Start(t, 1)
-	cmd := exec.Command(filepath.Join(e2eBinDir, "example-controller"), "--etcd", c.Endpoints()[0],
+	cmd := exec.Command(testkit.Build(t, "../examples/controller"), "--etcd", c.Endpoints()[0],
 		"--broker", g.broker, "--gateway", e2eGateway, "--device", "pump-7", "--lock", lock, "--steps", "5")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

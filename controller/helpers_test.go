@@ -14,18 +14,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// eventually polls f until it returns true or the deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // stateLog records a holder's transitions.
 type stateLog struct {
 	mu sync.Mutex
@@ -80,9 +68,6 @@ func newClient(t *testing.T, endpoints ...string) *clientv3.Client {
 	t.Cleanup(func() { cli.Close() })
 	return cli
 }
-
-// startMosquitto runs a real mosquitto; see etcdtest.StartMosquitto.
-func startMosquitto(t *testing.T) string { return etcdtest.StartMosquitto(t) }
 
 // responder stands in for the agent in Send's unit tests only: it answers
 // each command with whatever the script returns, so the controller's

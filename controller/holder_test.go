@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -97,7 +98,7 @@ func TestKilledHolderExpires(t *testing.T) {
 	b := NewHolder(cli, []string{"locks/kill"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
 	done := make(chan error, 1)
 	go func() { done <- b.Acquire(context.Background()) }()
-	eventually(t, 5*time.Second, "B queued behind A", func() bool { return len(keysUnder(t, cli, "locks/kill")) == 2 })
+	testkit.Eventually(t, 5*time.Second, "B queued behind A", func() bool { return len(keysUnder(t, cli, "locks/kill")) == 2 })
 	if s := b.State(); s != StateAcquiring {
 		t.Fatalf("B is %s while A holds", s)
 	}
@@ -170,8 +171,8 @@ func TestStoppedHolderReportsLost(t *testing.T) {
 func TestLateReleaseKeepsNewHolder(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	direct := c.Client(t)
-	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
-	viaProxy := newClient(t, proxy.URL())
+	proxy := testkit.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	viaProxy := newClient(t, "http://"+proxy.Addr())
 	const ttl = 2 * time.Second
 	var la stateLog
 	a, err := Acquire(context.Background(), viaProxy, []string{"locks/late"}, &LockOptions{TTL: ttl, OnState: la.on, ReleaseTimeout: 500 * time.Millisecond})
@@ -181,7 +182,7 @@ func TestLateReleaseKeepsNewHolder(t *testing.T) {
 	// A's keepalives stop reaching etcd.
 	proxy.Pause()
 	paused := time.Now()
-	eventually(t, 5*time.Second, "A LOST", func() bool { return a.State() == StateLost })
+	testkit.Eventually(t, 5*time.Second, "A LOST", func() bool { return a.State() == StateLost })
 	lostAfter := time.Since(paused)
 	if a.Context().Err() == nil || !errors.Is(context.Cause(a.Context()), ErrRenewalOverdue) {
 		t.Fatalf("A's context after LOST: %v (cause %v)", a.Context().Err(), context.Cause(a.Context()))
@@ -348,8 +349,8 @@ func TestOverlappingSetsNoDeadlock(t *testing.T) {
 func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	direct := c.Client(t)
-	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
-	viaProxy := newClient(t, proxy.URL())
+	proxy := testkit.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+	viaProxy := newClient(t, "http://"+proxy.Addr())
 	const ttl = 2 * time.Second
 	a, err := Acquire(context.Background(), viaProxy, []string{"locks/unconf"}, &LockOptions{
 		TTL: ttl, ReleaseTimeout: 300 * time.Millisecond, RequestTimeout: 300 * time.Millisecond})
@@ -360,7 +361,7 @@ func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 	start := time.Now()
 	relDone := make(chan error, 1)
 	go func() { relDone <- a.Release(context.Background()) }()
-	eventually(t, 3*time.Second, "release attempts to be held by the pause", func() bool { return proxy.Held() > 0 })
+	testkit.Eventually(t, 3*time.Second, "release attempts to be held by the pause", func() bool { return proxy.Held() > 0 })
 	// Another holder in this process must not get the lock before the TTL
 	// is waited out.
 	b, err := Acquire(context.Background(), direct, []string{"locks/unconf"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
@@ -401,7 +402,7 @@ func TestRevokedLeaseIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	eventually(t, 5*time.Second, "holder LOST", func() bool { return h.State() == StateLost })
+	testkit.Eventually(t, 5*time.Second, "holder LOST", func() bool { return h.State() == StateLost })
 	if d := time.Since(revoked); d > 2*time.Second {
 		t.Fatalf("LOST %v after the revoke; the TTL (10s) should not be waited for", d)
 	}

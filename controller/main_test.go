@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
 
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CONTROLLER_TEST_HELPER") == "hold" {
 		os.Exit(helperHold())
 	}
-	os.Exit(m.Run())
+	testkit.Main(m)
 }
 
 // helperHold acquires one lock and then obeys stdin: "check" prints the
@@ -145,7 +146,7 @@ func startHolderProc(t *testing.T, endpoints []string, lock string, ttl time.Dur
 func (p *holderProc) waitLine(d time.Duration, prefix string) string {
 	p.t.Helper()
 	var got string
-	eventually(p.t, d, "holder process line "+prefix, func() bool {
+	testkit.Eventually(p.t, d, "holder process line "+prefix, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		for _, l := range p.lines {
@@ -191,7 +192,7 @@ func (p *holderProc) stop() {
 		p.t.Fatal(err)
 	}
 	stat := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
-	eventually(p.t, 5*time.Second, "process stopped", func() bool {
+	testkit.Eventually(p.t, 5*time.Second, "process stopped", func() bool {
 		b, err := os.ReadFile(stat)
 		if err != nil {
 			return false

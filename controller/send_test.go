@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -24,7 +26,7 @@ func dial(t *testing.T, broker, gw string) *Conn {
 }
 
 func TestSendResults(t *testing.T) {
-	broker := startMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	const fence = 40
 	cases := []struct {
 		name      string
@@ -144,7 +146,7 @@ func TestSendResults(t *testing.T) {
 }
 
 func TestSendLostWhileWaitingStopsResends(t *testing.T) {
-	broker := startMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	rs := startResponder(t, broker, "gw-lw", func(wire.Command, int) []delayed { return nil })
 	conn := dial(t, broker, "gw-lw")
 	owner := &FixedFence{Fence: 3}
@@ -156,7 +158,7 @@ func TestSendLostWhileWaitingStopsResends(t *testing.T) {
 		_, err := s.Send(ctx, "pump-7", "stop", nil)
 		done <- err
 	}()
-	eventually(t, 5*time.Second, "two publishes", func() bool { return len(rs.seen()) >= 2 })
+	testkit.Eventually(t, 5*time.Second, "two publishes", func() bool { return len(rs.seen()) >= 2 })
 	owner.Lose(errors.New("test"))
 	err := <-done
 	if !errors.Is(err, ErrLost) {
@@ -174,7 +176,7 @@ func TestSendLostWhileWaitingStopsResends(t *testing.T) {
 }
 
 func TestSendSerialisedPerDevice(t *testing.T) {
-	broker := startMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	var mu sync.Mutex
 	answered := map[string]time.Time{}
 	rs := startResponder(t, broker, "gw-ser", func(c wire.Command, _ int) []delayed {
@@ -204,7 +206,7 @@ func TestSendSerialisedPerDevice(t *testing.T) {
 	}
 	wg.Add(1)
 	go send(s, "pump-7", "slow")
-	eventually(t, 5*time.Second, "the slow command to arrive", func() bool { return len(rs.seen()) == 1 })
+	testkit.Eventually(t, 5*time.Second, "the slow command to arrive", func() bool { return len(rs.seen()) == 1 })
 	wg.Add(2)
 	go send(s2, "pump-7", "fast")
 	go send(s, "valve-1", "fast")
@@ -240,7 +242,7 @@ func TestSendSerialisedPerDevice(t *testing.T) {
 }
 
 func TestBarrier(t *testing.T) {
-	broker := startMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	const fence = 12
 	rs := startResponder(t, broker, "gw-bar", func(c wire.Command, _ int) []delayed {
 		if c.Action != wire.ActionFence {
@@ -298,7 +300,7 @@ func TestDialUnreachableBroker(t *testing.T) {
 }
 
 func TestSendCommandFields(t *testing.T) {
-	broker := startMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	rs := startResponder(t, broker, "gw-fields", func(c wire.Command, _ int) []delayed {
 		return []delayed{{0, result(c, wire.CodeOK, c.Fence)}}
 	})

@@ -21,6 +21,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -157,9 +158,9 @@ func TestAttackRetentionKeepsUnpublishedRecords(t *testing.T) {
 	}
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 1500})
 	e.send("pump-7", cmd("op-2", 3, "set", `{"rpm":400}`))
-	eventually(t, 10*time.Second, "op-2 under way", func() bool { return e.sim.Injected().Delayed > 0 })
+	testkit.Eventually(t, 10*time.Second, "op-2 under way", func() bool { return e.sim.Injected().Delayed > 0 })
 	e.mosq.Stop()
-	eventually(t, 15*time.Second, "op-2 final", func() bool {
+	testkit.Eventually(t, 15*time.Second, "op-2 final", func() bool {
 		r, _, _ := inOutbox("op-2")
 		return r.Status == store.OpFinal
 	})
@@ -171,7 +172,7 @@ func TestAttackRetentionKeepsUnpublishedRecords(t *testing.T) {
 		t.Fatal("retention deleted a record whose Result is still in the outbox")
 	}
 	e.mosq.Restart()
-	eventually(t, 20*time.Second, "op-2's Results published", func() bool {
+	testkit.Eventually(t, 20*time.Second, "op-2's Results published", func() bool {
 		_, _, n := inOutbox("op-2")
 		return n == 0
 	})
@@ -206,7 +207,7 @@ func TestAttackOperatorResolveHidesPumpFromInterlock(t *testing.T) {
 
 	e.send("pump-1", cmd("i1", 10, "set", `{"rpm":500}`))
 	want(t, e.result("i1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
-	eventually(t, 10*time.Second, "the firmware applied i1", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the firmware applied i1", func() bool {
 		for _, j := range e.journal() {
 			if j.OpID == "i1" {
 				return true
@@ -253,7 +254,7 @@ func TestAttackOutboxNotRepublishedWhenBrokerDownAtStart(t *testing.T) {
 	a := e.start()
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 1500})
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
-	eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
+	testkit.Eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
 	e.mosq.Stop()
 	outbox := func(a *app.App) int {
 		n := 0
@@ -267,7 +268,7 @@ func TestAttackOutboxNotRepublishedWhenBrokerDownAtStart(t *testing.T) {
 		})
 		return n
 	}
-	eventually(t, 15*time.Second, "op-1 final", func() bool {
+	testkit.Eventually(t, 15*time.Second, "op-1 final", func() bool {
 		var rec store.Op
 		a.Store().View(func(tx *store.Tx) error { rec, _, _ = tx.Op("pump-7", "op-1"); return nil })
 		return rec.Status == store.OpFinal
@@ -290,7 +291,7 @@ func TestAttackOutboxNotRepublishedWhenBrokerDownAtStart(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	e.mosq.Restart()
-	eventually(t, 10*time.Second, "agent connected again", func() bool { return a2.Ready() == nil })
+	testkit.Eventually(t, 10*time.Second, "agent connected again", func() bool { return a2.Ready() == nil })
 	deadline := time.Now().Add(10 * time.Second)
 	for outbox(a2) > 0 {
 		if time.Now().After(deadline) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -17,17 +16,9 @@ import (
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
-
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // The embedded broker, configured not to drop QoS 1 messages, carries a
 // burst of 20,000 commands to the agent and 20,000 Results back.
@@ -50,7 +41,7 @@ func TestEmbeddedBrokerBurst(t *testing.T) {
 	for i := 0; i < devices; i++ {
 		yaml += fmt.Sprintf("  - id: g%d\n    type: generic\n    queue: %d\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, n, s.URL())
 	}
-	listen := freeAddr(t)
+	listen := testkit.FreeAddr(t)
 	dir := t.TempDir()
 	cfgText := fmt.Sprintf("gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: embedded\n  embedded_listen: %s\nadmin:\n  listen: \"\"\ndevices:\n%s",
 		gw, filepath.Join(dir, "data"), listen, yaml)
@@ -69,7 +60,7 @@ func TestEmbeddedBrokerBurst(t *testing.T) {
 		a.Stop(ctx)
 		cancel()
 	}()
-	eventually(t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
+	testkit.Eventually(t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
 
 	url := "tcp://" + listen
 	var got atomic.Int64
@@ -109,7 +100,7 @@ func TestEmbeddedBrokerBurst(t *testing.T) {
 			t.Fatalf("publish #%d not acknowledged after %s: %v (Results so far: %d)", i, time.Since(start), tok.Error(), got.Load())
 		}
 	}
-	eventually(t, 120*time.Second, fmt.Sprintf("%d Results", n), func() bool { return got.Load() == int64(n) })
+	testkit.Eventually(t, 120*time.Second, fmt.Sprintf("%d Results", n), func() bool { return got.Load() == int64(n) })
 	t.Logf("%d commands -> %d Results in %s (%d duplicate deliveries)", n, got.Load(), time.Since(start), dups.Load())
 	if j := len(s.Journal()); j != n {
 		t.Fatalf("journal has %d entries, want %d", j, n)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -45,8 +46,8 @@ func TestCrashPoints(t *testing.T) {
 			if code := e.waitExit(20 * time.Second); code != -1 {
 				t.Fatalf("agent exited %d, want killed by SIGKILL", code)
 			}
-			if !strings.Contains(e.plog.String(), "SIGKILL at crash point") {
-				t.Fatalf("the crash point was not reached:\n%s", e.plog.String())
+			if !strings.Contains(e.log(), "SIGKILL at crash point") {
+				t.Fatalf("the crash point was not reached:\n%s", e.log())
 			}
 			lf, rec := e.lastFence("pump-7")
 			if lf != 7 || rec.Status != store.OpPending {
@@ -116,8 +117,8 @@ func TestStoreCommitFailureStopsTheAgent(t *testing.T) {
 	if code := e.waitExit(20 * time.Second); code != 1 {
 		t.Fatalf("agent exited %d, want 1", code)
 	}
-	if !strings.Contains(e.plog.String(), "injected commit failure") {
-		t.Fatalf("the fault did not happen:\n%s", e.plog.String())
+	if !strings.Contains(e.log(), "injected commit failure") {
+		t.Fatalf("the fault did not happen:\n%s", e.log())
 	}
 	if n := len(e.journal()); n != 0 {
 		t.Fatalf("the device was written: %d entries", n)
@@ -141,8 +142,8 @@ func TestGracefulStopDrains(t *testing.T) {
 	}
 	e.startProc() // waits for the agent's "online" status
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
-	eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
-	e.proc.Process.Signal(syscall.SIGTERM)
+	testkit.Eventually(t, 10*time.Second, "write under way", func() bool { return e.sim.Injected().Delayed > 0 })
+	e.proc.Signal(syscall.SIGTERM)
 	if code := e.waitExit(15 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM, want 0", code)
 	}

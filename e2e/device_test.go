@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -96,7 +97,7 @@ func TestTombstonedKeyIsNeverApplied(t *testing.T) {
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", Hang: true})
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	want(t, e.result("op-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
-	eventually(t, 10*time.Second, "two keys tried", func() bool { return e.sim.Injected().Held >= 2 })
+	testkit.Eventually(t, 10*time.Second, "two keys tried", func() bool { return e.sim.Injected().Held >= 2 })
 	setFaults(t, e.sim, sim.Faults{})
 	r := e.final("op-1")
 	want(t, r, wire.StatusApplied, wire.CodeOK)
@@ -136,7 +137,7 @@ func TestUnreachableAnd5xx(t *testing.T) {
 	setFaults(t, e.sim, sim.Faults{Device: "pump-8", ErrorRate: 1})
 	e.send("pump-8", cmd("op-2", 3, "set", `{"rpm":1}`))
 	want(t, e.result("op-2", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
-	eventually(t, 5*time.Second, "a 503", func() bool { return e.sim.Injected().Errors > 0 })
+	testkit.Eventually(t, 5*time.Second, "a 503", func() bool { return e.sim.Injected().Errors > 0 })
 	setFaults(t, e.sim, sim.Faults{})
 	want(t, e.final("op-2"), wire.StatusApplied, wire.CodeOK)
 	for i := 1; i <= e.res.count("op-2"); i++ {
@@ -157,7 +158,7 @@ func TestHangingDeviceDoesNotBlockOthers(t *testing.T) {
 	e.start()
 	setFaults(t, e.sim, sim.Faults{Device: "stuck", Hang: true})
 	e.send("stuck", cmd("stuck-1", 1, "set", `{"rpm":1}`))
-	eventually(t, 5*time.Second, "stuck write held", func() bool { return e.sim.Injected().Held > 0 })
+	testkit.Eventually(t, 5*time.Second, "stuck write held", func() bool { return e.sim.Injected().Held > 0 })
 	var wg sync.WaitGroup
 	for d := 0; d < 4; d++ {
 		wg.Add(1)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -176,7 +177,7 @@ func TestRetainedCommandIsIgnoredAndCleared(t *testing.T) {
 		t.Fatalf("journal: %s", got)
 	}
 	// Cleared: a new subscriber gets no retained message on that topic.
-	eventually(t, 5*time.Second, "retained message cleared", func() bool {
+	testkit.Eventually(t, 5*time.Second, "retained message cleared", func() bool {
 		c := connect(t, e.broker, fmt.Sprintf("probe-%d", time.Now().UnixNano()))
 		got := make(chan struct{}, 1)
 		c.Subscribe(topic, 1, func(_ pahoClient, m pahoMessage) { got <- struct{}{} }).Wait()
@@ -207,7 +208,7 @@ func TestExpiredAndBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.send("pump-7", cmd("h0", 1, "set", `{"rpm":1}`))
-	eventually(t, 5*time.Second, "h0 in the device", func() bool { return e.sim.Injected().Held > 0 })
+	testkit.Eventually(t, 5*time.Second, "h0 in the device", func() bool { return e.sim.Injected().Held > 0 })
 	e.send("pump-7", cmd("q1", 1, "set", `{"rpm":2}`))
 	e.send("pump-7", cmd("q2", 1, "set", `{"rpm":3}`))
 	e.send("pump-7", cmd("q3", 1, "set", `{"rpm":4}`))

@@ -12,11 +12,11 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,55 +25,22 @@ import (
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
 const gw = "gw-1"
 
-var (
-	binDir    string
-	buildOnce sync.Once
-	buildErr  error
-)
+// binDir holds the plugins built for the tests (policy_test.go).
+var binDir string
 
 func TestMain(m *testing.M) {
 	var err error
 	if binDir, err = os.MkdirTemp("", "edge-agent-e2e"); err != nil {
 		panic(err)
 	}
-	code := m.Run()
-	os.RemoveAll(binDir)
-	os.Exit(code)
-}
-
-// agentBinary builds cmd/edge-agent once, for the tests that run the agent
-// as a real process.
-func agentBinary(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(binDir, "edge-agent")
-	buildOnce.Do(func() {
-		out, err := exec.Command("go", "build", "-o", bin, "../cmd/edge-agent").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("building edge-agent: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return bin
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Main(m, func() { os.RemoveAll(binDir) })
 }
 
 // devSpec is one device of a test gateway.
@@ -106,10 +73,9 @@ type env struct {
 	cfgPath string
 	extra   string // extra top-level YAML
 
-	app   *app.App
-	proc  *exec.Cmd
-	pexit chan error
-	plog  *mqtttest.SyncBuffer
+	app  *app.App
+	proc *testkit.Proc // the agent process (startProc); nil once it exited
+	plog string        // the last agent process's output, once it exited
 
 	// failCommit is the in-process agent's store fault hook (nil: none).
 	failCommit func() error
@@ -196,7 +162,7 @@ func (e *env) start() *app.App {
 	}
 	e.app = a
 	e.t.Cleanup(func() { e.stop() })
-	eventually(e.t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
+	testkit.Eventually(e.t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
 	return a
 }
 
@@ -215,45 +181,34 @@ func (e *env) stop() {
 func (e *env) startProc(envv ...string) {
 	e.t.Helper()
 	cfg := e.writeConfig()
-	cmd := exec.Command(agentBinary(e.t), "run", "--config", cfg, "--log-level", "warn")
-	cmd.Env = append(os.Environ(), envv...)
-	e.plog = &mqtttest.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = e.plog, e.plog
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.proc = cmd
-	ch := make(chan error, 1)
-	e.pexit = ch
-	go func() { ch <- cmd.Wait() }()
+	e.proc = testkit.StartProc(e.t, testkit.ProcOptions{Env: envv, StopSignal: syscall.SIGKILL},
+		testkit.Build(e.t, "../cmd/edge-agent"), "run", "--config", cfg, "--log-level", "warn")
 	if !e.started {
 		// First start: the agent's broker session does not exist until it
 		// subscribes, so wait for its retained "online" status.
 		e.started = true
 		e.waitOnline()
 	}
-	e.t.Cleanup(func() {
-		if e.proc == cmd {
-			cmd.Process.Kill()
-			<-ch
-		}
-		if e.t.Failed() {
-			e.t.Logf("agent process log:\n%s", e.plog.String())
-		}
-	})
+}
+
+// log is the agent process's output so far (or the last one's, once it
+// exited).
+func (e *env) log() string {
+	if e.proc != nil {
+		return e.proc.Log()
+	}
+	return e.plog
 }
 
 // waitExit waits for the agent process to end and returns its exit code
 // (-1 when killed by a signal).
 func (e *env) waitExit(within time.Duration) int {
 	e.t.Helper()
-	select {
-	case <-e.pexit:
-	case <-time.After(within):
-		e.t.Fatalf("agent process still running after %s\n%s", within, e.plog.String())
+	code, ok := e.proc.Wait(within)
+	if !ok {
+		e.t.Fatalf("agent process still running after %s\n%s", within, e.proc.Log())
 	}
-	code := e.proc.ProcessState.ExitCode()
-	e.proc = nil
+	e.plog, e.proc = e.proc.Log(), nil
 	return code
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -163,7 +164,7 @@ func TestPolicyHotReloadWhileCommandsFlow(t *testing.T) {
 			e.final(fmt.Sprintf("flow-%d", i))
 		}
 	}()
-	eventually(t, 10*time.Second, "commands flowing", func() bool { return sent.Load() > 5 })
+	testkit.Eventually(t, 10*time.Second, "commands flowing", func() bool { return sent.Load() > 5 })
 	for i := 0; i < 3; i++ {
 		if err := a.Reload(context.Background()); err != nil {
 			t.Fatalf("reload %d: %v", i, err)
@@ -175,7 +176,7 @@ func TestPolicyHotReloadWhileCommandsFlow(t *testing.T) {
 		t.Fatal("a broken plugin was accepted")
 	}
 	n := sent.Load()
-	eventually(t, 10*time.Second, "commands still flowing", func() bool { return sent.Load() > n+5 })
+	testkit.Eventually(t, 10*time.Second, "commands still flowing", func() bool { return sent.Load() > n+5 })
 	close(stop)
 	<-done
 	for i := 0; i < int(sent.Load()); i++ {

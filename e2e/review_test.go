@@ -21,6 +21,7 @@ import (
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -48,7 +49,7 @@ func TestUnpublishableAnswerDoesNotStallResults(t *testing.T) {
 	e.send("pump-7", cmd("op-2", 1, "set", `{"rpm":200}`))
 	want(t, e.final("op-2"), wire.StatusApplied, wire.CodeOK)
 	// The fault happened: the answer was dropped as unpublishable.
-	eventually(t, 5*time.Second, "the unpublishable answer counted", func() bool {
+	testkit.Eventually(t, 5*time.Second, "the unpublishable answer counted", func() bool {
 		return metric(t, a, "edge_agent_results_unpublishable_total") >= 1
 	})
 }
@@ -132,7 +133,7 @@ func TestRecoveryRoutesByTheDevicesCurrentWorker(t *testing.T) {
 	e.start()
 	e.send("b", cmd("b-2", 2, "set", `{"rpm":200}`))
 	// b-2 waits behind the held b-1 in b's own queue.
-	eventually(t, 10*time.Second, "b-1 and b-2 both in b's queue", func() bool {
+	testkit.Eventually(t, 10*time.Second, "b-1 and b-2 both in b's queue", func() bool {
 		_, body := e.admin("/v1/devices/b")
 		var di wire.DeviceInfo
 		return json.Unmarshal(body, &di) == nil && di.QueueDepth == 2
@@ -164,7 +165,7 @@ func TestRecoveryOfARemovedDevice(t *testing.T) {
 	e.send("a", cmd("a-1", 1, "set", `{"rpm":100}`))
 	want(t, e.result("a-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
 	e.send("b", cmd("b-1", 1, "set", `{"rpm":100}`))
-	eventually(t, 10*time.Second, "b-1 queued in the group", func() bool {
+	testkit.Eventually(t, 10*time.Second, "b-1 queued in the group", func() bool {
 		_, body := e.admin("/v1/devices/b")
 		var di wire.DeviceInfo
 		return json.Unmarshal(body, &di) == nil && di.QueueDepth == 2
@@ -228,7 +229,7 @@ func TestRecoveryOfTwoUnresolvedWritesInANewGroup(t *testing.T) {
 	// while b-1 is still held.
 	want(t, e.final("a-1"), wire.StatusApplied, wire.CodeOK)
 	e.send("a", cmd("a-2", 2, "set", `{"rpm":200}`))
-	eventually(t, 10*time.Second, "a-2 queued behind b-1", func() bool {
+	testkit.Eventually(t, 10*time.Second, "a-2 queued behind b-1", func() bool {
 		_, body := e.admin("/v1/devices/a")
 		var di wire.DeviceInfo
 		return json.Unmarshal(body, &di) == nil && di.QueueDepth == 2
@@ -295,7 +296,7 @@ func TestPlain404IsNoTombstone(t *testing.T) {
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", ErrorRate: 1})
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	want(t, e.result("op-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
-	eventually(t, 10*time.Second, "three plain 404s", func() bool { return plainAnswers.Load() >= 3 })
+	testkit.Eventually(t, 10*time.Second, "three plain 404s", func() bool { return plainAnswers.Load() >= 3 })
 	if n := e.sim.Injected().Errors; n != 1 {
 		t.Fatalf("the write was sent %d times after plain 404s, want once", n)
 	}

@@ -13,7 +13,9 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -97,21 +99,21 @@ func TestStatusTable(t *testing.T) {
 		!strings.HasPrefix(lines[2], "valve-1") {
 		t.Fatalf("table:\n%s", out)
 	}
-	code, _, stderr = runCLI("status", "--admin", "http://"+etcdtest.FreeAddr(t))
+	code, _, stderr = runCLI("status", "--admin", "http://"+testkit.FreeAddr(t))
 	if code != 1 || !strings.Contains(stderr, "admin API") || !strings.Contains(stderr, "unreachable") {
 		t.Fatalf("unreachable admin: exit %d, %q", code, stderr)
 	}
 }
 
 func TestUnreachable(t *testing.T) {
-	code, _, stderr := runCLI("send", "--broker", "tcp://"+etcdtest.FreeAddr(t), "--gateway", "gw",
+	code, _, stderr := runCLI("send", "--broker", "tcp://"+testkit.FreeAddr(t), "--gateway", "gw",
 		"--device", "pump-7", "--action", "stop", "--fence", "1", "--timeout", "3s")
 	if code != 1 || !strings.Contains(stderr, "cannot connect to the MQTT broker") {
 		t.Fatalf("unreachable broker: exit %d, %q", code, stderr)
 	}
-	broker := etcdtest.StartMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	code, _, stderr = runCLI("send", "--broker", broker, "--gateway", "gw", "--device", "pump-7",
-		"--action", "stop", "--lock", "locks/x", "--etcd", "http://"+etcdtest.FreeAddr(t), "--timeout", "5s")
+		"--action", "stop", "--lock", "locks/x", "--etcd", "http://"+testkit.FreeAddr(t), "--timeout", "5s")
 	if code != 1 || !strings.Contains(stderr, "etcd unreachable") {
 		t.Fatalf("unreachable etcd: exit %d, %q", code, stderr)
 	}
@@ -158,7 +160,7 @@ func answer(t *testing.T, broker, gw string, code wire.Code, lastFence int64) fu
 }
 
 func TestSendWithLockAndFence(t *testing.T) {
-	broker := etcdtest.StartMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	c := etcdtest.Start(t, 1)
 	cmds := answer(t, broker, "gw-1", wire.CodeOK, 0)
 
@@ -193,7 +195,7 @@ func TestSendWithLockAndFence(t *testing.T) {
 }
 
 func TestSendNotAppliedExitsOne(t *testing.T) {
-	broker := etcdtest.StartMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	answer(t, broker, "gw-2", wire.CodeStaleFence, 50)
 	code, out, _ := runCLI("send", "--broker", broker, "--gateway", "gw-2", "--device", "pump-7",
 		"--action", "stop", "--fence", "3")
@@ -205,7 +207,7 @@ func TestSendNotAppliedExitsOne(t *testing.T) {
 func clientv3WithPrefix() clientv3.OpOption { return clientv3.WithPrefix() }
 
 func TestWatchPrintsResultsAndStates(t *testing.T) {
-	broker := etcdtest.StartMosquitto(t)
+	broker := mqtttest.StartMosquitto(t).URL()
 	pub := paho.NewClient(paho.NewClientOptions().AddBroker(broker).SetClientID("pub"))
 	if tok := pub.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 		t.Fatal(tok.Error())

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 )
 
 var devices = map[string]string{"pump-7": "pump", "valve-1": "valve", "relay-1": "relay", "gen-1": "generic"}
@@ -80,18 +81,6 @@ func (a answer) wantDropped(t testing.TB) {
 	t.Helper()
 	if a.err == nil {
 		t.Fatalf("answer = %d %s, want the connection closed without an answer", a.code, a.body)
-	}
-}
-
-// eventually polls cond until it holds, failing the test after 10s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -228,7 +217,7 @@ func TestRepeatWhileInProgressWaits(t *testing.T) {
 
 	first := make(chan answer)
 	go func() { first <- c.apply("pump-7", "k", set1200) }()
-	eventually(t, "the first request to be delayed", func() bool { return s.Injected().Delayed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the first request to be delayed", func() bool { return s.Injected().Delayed == 1 })
 	// The repeat waits for the first, then gets the first's answer.
 	second := c.apply("pump-7", "k", `{"op_id":"op-1","action":"set","params":{"rpm":5}}`)
 	second.want(t, 200, `{"applied":true,"state":{"rpm":1200}}`)
@@ -251,7 +240,7 @@ func TestQueryWaitsForLatency(t *testing.T) {
 
 	applied := make(chan answer)
 	go func() { applied <- c.apply("pump-7", "k", set1200) }()
-	eventually(t, "the apply to be delayed", func() bool { return s.Injected().Delayed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the apply to be delayed", func() bool { return s.Injected().Delayed == 1 })
 	start := time.Now()
 	q := c.query("pump-7", "k")
 	q.want(t, 200, `{"key":"k","op_id":"op-1","applied":true,"state":{"rpm":1200}}`)
@@ -272,7 +261,7 @@ func TestQueryWaitsForAbandonedApply(t *testing.T) {
 	c := newClient(t, s)
 	applied := make(chan answer)
 	go func() { applied <- c.apply("pump-7", "k", set1200) }()
-	eventually(t, "the apply to be delayed", func() bool { return s.Injected().Delayed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the apply to be delayed", func() bool { return s.Injected().Delayed == 1 })
 	c.query("pump-7", "k").want(t, 404, `{"key":"k","applied":false}`)
 	(<-applied).want(t, 503, "")
 	setFaults(t, s, sim.Faults{})
@@ -309,7 +298,7 @@ func TestTombstonedKeyIsNeverApplied(t *testing.T) {
 		c := newClient(t, s)
 		held := make(chan answer)
 		go func() { held <- c.apply("pump-7", "k", set1200) }()
-		eventually(t, "the apply to be held", func() bool { return s.Injected().Held == 1 })
+		testkit.Eventually(t, 10*time.Second, "the apply to be held", func() bool { return s.Injected().Held == 1 })
 		// The query is not subject to the fault and does not wait for a
 		// held request: it will never take effect.
 		c.query("pump-7", "k").want(t, 404, `{"key":"k","applied":false}`)
@@ -463,7 +452,7 @@ func TestHangHoldsUntilClearedThenClosesUnapplied(t *testing.T) {
 	c := newClient(t, s)
 	held := make(chan answer)
 	go func() { held <- c.apply("pump-7", "k", set1200) }()
-	eventually(t, "the apply to be held", func() bool { return s.Injected().Held == 1 })
+	testkit.Eventually(t, 10*time.Second, "the apply to be held", func() bool { return s.Injected().Held == 1 })
 	select {
 	case a := <-held:
 		t.Fatalf("held apply answered %+v while hang holds", a)
@@ -633,7 +622,7 @@ func TestClosePowersOff(t *testing.T) {
 	c := newClient(t, s)
 	inFlight := make(chan answer)
 	go func() { inFlight <- c.apply("pump-7", "k", set1200) }()
-	eventually(t, "the apply to be delayed", func() bool { return s.Injected().Delayed == 1 })
+	testkit.Eventually(t, 10*time.Second, "the apply to be delayed", func() bool { return s.Injected().Delayed == 1 })
 	start := time.Now()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 )
 
 var simDevices = map[string]string{"pump-7": "pump", "valve-1": "valve", "gen-1": "generic"}
@@ -59,17 +60,6 @@ func closedPort(t testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return "http://" + addr
-}
-
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func wantResult(t testing.TB, got device.WriteResult, outcome device.Outcome, tries int, reason string) {
@@ -156,7 +146,7 @@ func TestApplyUnknownByTimeout(t *testing.T) {
 		t.Fatal("Query answered while the write was in progress and longer than the timeout")
 	}
 	// It took effect after the driver gave up: only a query can tell.
-	eventually(t, "the late write to land", func() bool { return len(s.Journal()) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the late write to land", func() bool { return len(s.Journal()) == 1 })
 	q, err := d.Query(t.Context(), "pump-7", "k")
 	if err != nil || !q.Applied || string(q.State) != `{"rpm":1200}` {
 		t.Fatalf("Query = %+v, %v; want applied", q, err)
@@ -227,7 +217,7 @@ func TestIdempotentRetriesReuseTheKey(t *testing.T) {
 		})
 		done := make(chan device.WriteResult)
 		go func() { done <- d.Apply(context.Background(), write("k", `{"rpm":1200}`)) }()
-		eventually(t, "a dropped answer", func() bool { return s.Injected().Dropped >= 1 })
+		testkit.Eventually(t, 10*time.Second, "a dropped answer", func() bool { return s.Injected().Dropped >= 1 })
 		setFaults(t, s, sim.Faults{})
 		res := <-done
 		if res.Outcome != device.Applied || res.Tries < 2 || string(res.State) != `{"rpm":1200}` {
@@ -255,7 +245,7 @@ func TestIdempotentRetriesReuseTheKey(t *testing.T) {
 		d := driverFor(t, s.URL(), device.HTTPDevice{Timeout: 150 * time.Millisecond, Retries: 5, Idempotent: true})
 		done := make(chan device.WriteResult)
 		go func() { done <- d.Apply(context.Background(), write("k", `{"rpm":1200}`)) }()
-		eventually(t, "a retry", func() bool { return s.Requests("pump-7", "k") >= 2 })
+		testkit.Eventually(t, 10*time.Second, "a retry", func() bool { return s.Requests("pump-7", "k") >= 2 })
 		setFaults(t, s, sim.Faults{})
 		res := <-done
 		if res.Outcome != device.Applied || res.Tries < 2 {
@@ -278,7 +268,7 @@ func TestUnknownEvenIfALaterTryCannotConnect(t *testing.T) {
 	})
 	done := make(chan device.WriteResult)
 	go func() { done <- d.Apply(context.Background(), write("k", `{"rpm":1200}`)) }()
-	eventually(t, "the first try", func() bool { return s.Injected().Errors == 1 })
+	testkit.Eventually(t, 10*time.Second, "the first try", func() bool { return s.Injected().Errors == 1 })
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +311,7 @@ func TestApplyCancelled(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
 		wantResult(t, d.Apply(ctx, write("k2", `{"rpm":1}`)), device.Unknown, 1, "may have reached the device")
-		eventually(t, "the write to land", func() bool { return len(s.Journal()) == 1 })
+		testkit.Eventually(t, 10*time.Second, "the write to land", func() bool { return len(s.Journal()) == 1 })
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
@@ -265,7 +266,7 @@ func TestManualAckOrderAndRedelivery(t *testing.T) {
 func TestRedeliveryAfterConnectionCut(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, b mqtttest.Broker) {
 		id, topic := uniqueID(t, "cut"), uniqueID(t, "cut")+"/cmd"
-		proxy := mqtttest.NewProxy(t, b.URL())
+		proxy := testkit.NewProxy(t, b.URL())
 		pub := startClient(t, mqtt.Options{Broker: b.URL(), ClientID: id + "-pub"})
 		in := newInbox()
 		opts := mqtt.Options{Broker: proxy.URL(), ClientID: id, Subscriptions: []string{topic}, Handler: in.handler,
@@ -279,7 +280,7 @@ func TestRedeliveryAfterConnectionCut(t *testing.T) {
 		if string(again.Payload) != "m1" || !again.Duplicate {
 			t.Fatalf("redelivery: %q dup=%v, want m1 dup=true", again.Payload, again.Duplicate)
 		}
-		eventually(t, 5*time.Second, "subscribed again", c.Subscribed)
+		testkit.Eventually(t, 5*time.Second, "subscribed again", c.Subscribed)
 		first.Ack() // its connection is gone: dropped by paho, releases the next
 		again.Ack()
 		publish(t, pub, topic, "m2")
@@ -311,10 +312,10 @@ func TestResubscribeAfterBrokerRestart(t *testing.T) {
 		c := startClient(t, mqtt.Options{Broker: b.URL(), ClientID: uniqueID(t, "resub"),
 			Subscriptions: []string{topic}, Handler: in.handler})
 		b.Stop()
-		eventually(t, 5*time.Second, "Subscribed false while the broker is down", func() bool { return !c.Subscribed() })
+		testkit.Eventually(t, 5*time.Second, "Subscribed false while the broker is down", func() bool { return !c.Subscribed() })
 		b.Wipe() // no persisted session: only a new SUBSCRIBE brings messages
 		b.Restart()
-		eventually(t, 20*time.Second, "Subscribed again", c.Subscribed)
+		testkit.Eventually(t, 20*time.Second, "Subscribed again", c.Subscribed)
 		mqtttest.Publish(t, b.URL(), topic, []byte("after"), false)
 		if m := in.next(t, 5*time.Second); string(m.Payload) != "after" {
 			t.Fatalf("got %q", m.Payload)
@@ -371,7 +372,7 @@ func TestStatusOnlineOfflineAndWill(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, b mqtttest.Broker) {
 		status := uniqueID(t, "edge/gw") + "/status"
 		watch := mqtttest.Subscribe(t, b.URL(), status)
-		proxy := mqtttest.NewProxy(t, b.URL())
+		proxy := testkit.NewProxy(t, b.URL())
 		c := startClient(t, mqtt.Options{Broker: proxy.URL(), ClientID: uniqueID(t, "status"),
 			WillTopic: status, WillPayload: []byte("will"),
 			OnlinePayload: []byte("online"), OfflinePayload: []byte("offline")})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
@@ -159,7 +160,7 @@ func TestBurstToSlowSubscriber(t *testing.T) {
 // is covered by TestQueuedMessagesSurviveBrokerRestart).
 func TestEmbeddedSyncEveryWrite(t *testing.T) {
 	dir := t.TempDir()
-	addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	start := func() *mqtt.Embedded {
 		e, err := mqtt.NewEmbedded(mqtt.EmbeddedOptions{Listen: addr, DataDir: dir, SyncEveryWrite: true, Logger: testLogger(t)})
 		if err != nil {

@@ -87,18 +87,6 @@ func (w tlog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// eventually polls cond every 10ms until it holds or timeout passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // uniqueID makes client IDs and topics distinct per test.
 func uniqueID(t testing.TB, what string) string {
 	return fmt.Sprintf("%s-%d", what, time.Now().UnixNano()%1e9)

@@ -104,18 +104,6 @@ func cmd(device, action, params string) Input {
 	return in
 }
 
-// eventually polls cond every 10ms until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func mustContain(t testing.TB, s, sub string) {
 	t.Helper()
 	if !strings.Contains(s, sub) {

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/testkit"
 )
 
 // TestManyDevicesShareOnePlugin: 24 devices bind one file (two configs),
@@ -326,14 +328,14 @@ func TestWatchReloads(t *testing.T) {
 	go func() { done <- h.Watch(ctx) }()
 	copyFile(t, pluginPath(t, "range-limit"), path)
 	want := digestOf(t, path)
-	eventually(t, 20*time.Second, func() bool { return h.currentFile(path) == want }, "Watch reloads the changed file")
+	testkit.Eventually(t, 20*time.Second, "Watch reloads the changed file", func() bool { return h.currentFile(path) == want })
 	// A broken file is reported once and kept out (written atomically, so
 	// that Watch sees one change).
 	os.WriteFile(path+".tmp", []byte("broken"), 0o644)
 	os.Rename(path+".tmp", path)
-	eventually(t, 20*time.Second, func() bool {
+	testkit.Eventually(t, 20*time.Second, "Watch tries the broken file", func() bool {
 		return h.counter(t, h.m.reloads, "p", "error") >= 1
-	}, "Watch tries the broken file")
+	})
 	if h.currentFile(path) != want {
 		t.Fatal("the broken file was swapped in")
 	}

@@ -1,8 +1,8 @@
-package mqtttest
+package testkit
 
 import "syscall"
 
-// procAttr kills the broker if the test process dies without cleaning up.
+// procAttr kills a started process if the test process dies without cleaning up.
 func procAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

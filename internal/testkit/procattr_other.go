@@ -1,6 +1,6 @@
 //go:build !linux
 
-package mqtttest
+package testkit
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package mqtttest
+package testkit
 
 import (
 	"net"
@@ -9,7 +9,7 @@ import (
 )
 
 // Proxy forwards TCP connections from a free loopback port to a broker
-// (or any TCP server: controller/etcdtest uses it for etcd).
+// (or any TCP server: etcdtest uses it for etcd).
 //   - Cut drops every connection through it at once, which both ends see
 //     as an ungraceful disconnect: the broker sends the client's last
 //     will, and the client reconnects (through the proxy, which keeps
@@ -42,15 +42,15 @@ func (p *Proxy) Refuse(on bool) {
 	p.mu.Unlock()
 }
 
-// NewProxy starts a proxy to target (host:port or tcp://host:port); it is
-// closed in t.Cleanup.
+// NewProxy starts a proxy to target (host:port, tcp://host:port or
+// http://host:port); it is closed in t.Cleanup.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("mqtttest: proxy: %v", err)
+		t.Fatalf("testkit: proxy: %v", err)
 	}
-	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(target, "tcp://"), conns: map[net.Conn]struct{}{},
+	p := &Proxy{t: t, ln: ln, target: strings.TrimPrefix(strings.TrimPrefix(target, "tcp://"), "http://"), conns: map[net.Conn]struct{}{},
 		gate: make(chan struct{})}
 	close(p.gate)
 	p.wg.Add(1)
@@ -59,7 +59,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	return p
 }
 
-// URL is the proxy's tcp://127.0.0.1:port.
+// URL is the proxy's tcp://127.0.0.1:port (an MQTT broker URL).
 func (p *Proxy) URL() string { return "tcp://" + p.Addr() }
 
 // Addr is the proxy's 127.0.0.1:port.

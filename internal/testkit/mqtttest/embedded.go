@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 )
 
 // EmbeddedBroker is an mqtt.Embedded on a free loopback port with its data
@@ -28,7 +29,7 @@ type EmbeddedBroker struct {
 // Its warnings (e.g. "client store quota reached") go to t.Log.
 func StartEmbedded(t testing.TB) *EmbeddedBroker {
 	t.Helper()
-	b := &EmbeddedBroker{t: t, dataDir: t.TempDir(), addr: "127.0.0.1:" + strconv.Itoa(FreePort(t))}
+	b := &EmbeddedBroker{t: t, dataDir: t.TempDir(), addr: "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))}
 	t.Cleanup(func() { b.Stop() })
 	b.start()
 	return b

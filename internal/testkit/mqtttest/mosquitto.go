@@ -9,31 +9,31 @@
 //   - Subscribe / Await / AwaitPayload: a throwaway subscriber whose
 //     messages a test waits for with a deadline.
 //   - Publish: a one-shot QoS 1 publish.
-//   - NewProxy: a TCP proxy whose Cut drops every connection through it,
-//     as a dying process or network would (the broker sends the will).
-//   - FreePort: a free port outside the ephemeral range.
+//
+// The TCP proxy, free ports and the process starter it uses are testkit's.
 //
 // It is an ordinary package so that every package's tests can use it; it
 // imports testing and must not be linked into a program.
 package mqtttest
 
 import (
-	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 )
+
+// SyncBuffer is testkit's (kept here for the tests that named it so).
+type SyncBuffer = testkit.SyncBuffer
 
 // MosquittoBinary is where StartMosquitto looks for mosquitto first; then
 // it searches PATH.
@@ -61,10 +61,9 @@ type Mosquitto struct {
 	dir  string // holds mosquitto.conf; data/ is the persistence location
 	port int
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	log    *SyncBuffer
+	mu   sync.Mutex
+	proc *testkit.Proc // nil while stopped
+	log  *testkit.SyncBuffer
 }
 
 // StartMosquitto runs mosquitto with configs/mosquitto.conf (the listener
@@ -88,7 +87,7 @@ func StartMosquitto(t testing.TB) *Mosquitto {
 		}
 		bin = p
 	}
-	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &SyncBuffer{}}
+	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &testkit.SyncBuffer{}}
 	if err := os.Mkdir(filepath.Join(m.dir, "data"), 0o700); err != nil {
 		t.Fatalf("mqtttest: %v", err)
 	}
@@ -101,7 +100,7 @@ func StartMosquitto(t testing.TB) *Mosquitto {
 	// A free port can be taken between our probe and mosquitto's bind:
 	// try a few.
 	for attempt := 1; ; attempt++ {
-		m.port = FreePort(t)
+		m.port = testkit.FreePort(t)
 		if err := m.writeConf(); err != nil {
 			t.Fatalf("mqtttest: %v", err)
 		}
@@ -131,20 +130,10 @@ func (m *Mosquitto) writeConf() error {
 }
 
 func (m *Mosquitto) start() error {
-	cmd := exec.Command(m.bin, "-c", filepath.Join(m.dir, "mosquitto.conf"))
-	cmd.Stdout = m.log
-	cmd.Stderr = m.log
-	cmd.SysProcAttr = procAttr()
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
+	p := testkit.StartProc(m.t, testkit.ProcOptions{Out: m.log, StopSignal: syscall.SIGKILL},
+		m.bin, "-c", filepath.Join(m.dir, "mosquitto.conf"))
 	m.mu.Lock()
-	m.cmd, m.exited = cmd, exited
+	m.proc = p
 	m.mu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -154,8 +143,8 @@ func (m *Mosquitto) start() error {
 			return nil
 		}
 		select {
-		case <-exited:
-			return fmt.Errorf("mosquitto exited: %v", cmd.ProcessState)
+		case <-p.Done():
+			return fmt.Errorf("mosquitto exited")
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -195,18 +184,18 @@ func (m *Mosquitto) kill() { m.signal(syscall.SIGKILL, 10*time.Second) }
 
 func (m *Mosquitto) signal(sig syscall.Signal, wait time.Duration) {
 	m.mu.Lock()
-	cmd, exited := m.cmd, m.exited
-	m.cmd = nil
+	p := m.proc
+	m.proc = nil
 	m.mu.Unlock()
-	if cmd == nil {
+	if p == nil {
 		return
 	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-exited:
-	case <-time.After(wait):
-		_ = cmd.Process.Kill()
-		<-exited
+	if _, ok := p.Wait(0); ok {
+		return
+	}
+	_ = p.Signal(sig)
+	if _, ok := p.Wait(wait); !ok {
+		p.Kill()
 		m.t.Errorf("mqtttest: mosquitto did not exit within %s of %v; killed", wait, sig)
 	}
 }
@@ -225,7 +214,7 @@ func (m *Mosquitto) Restart() {
 func (m *Mosquitto) Wipe() {
 	m.t.Helper()
 	m.mu.Lock()
-	running := m.cmd != nil
+	running := m.proc != nil
 	m.mu.Unlock()
 	if running {
 		m.t.Fatal("mqtttest: Wipe while mosquitto runs")
@@ -236,56 +225,4 @@ func (m *Mosquitto) Wipe() {
 	if err := os.Mkdir(m.DataDir(), 0o700); err != nil {
 		m.t.Fatal(err)
 	}
-}
-
-// FreePort returns a loopback TCP port that is free now, taken below the
-// kernel's ephemeral range (ip_local_port_range) when it can: a broker
-// restarted on the same port must not find it taken by some client's
-// outgoing connection, which gets its local port from that range.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	lo := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				lo = n
-			}
-		}
-	}
-	const base = 10000
-	if lo > base+1000 {
-		for range 200 {
-			port := base + rand.IntN(lo-base)
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-			if err == nil {
-				_ = ln.Close()
-				return port
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("mqtttest: free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// SyncBuffer is a buffer that goroutines may write and read at once (a
-// process's output collected while a test reads it).
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
