@@ -7,18 +7,26 @@ import (
 	"time"
 )
 
-// local remembers, for this process, locks whose release or revoke was not
-// confirmed: their lease may still be alive in etcd until the TTL has run
-// out, so nothing in this process may treat them as free before then.
-var local = &registry{until: map[string]time.Time{}}
-
-type registry struct {
+// Registry remembers locks whose release or revoke was not confirmed: their
+// lease may still be alive in etcd until the TTL has run out, so no holder
+// that shares the registry may treat them as free before then (its Acquire
+// waits). Holders share DefaultRegistry unless LockOptions.Registry says
+// otherwise: one per process is right when every holder of a lock in the
+// process may collide; a test or a program that runs independent
+// controllers in one process gives each its own.
+type Registry struct {
 	mu    sync.Mutex
 	until map[string]time.Time
 }
 
+// NewRegistry returns an empty Registry.
+func NewRegistry() *Registry { return &Registry{until: map[string]time.Time{}} }
+
+// DefaultRegistry is the process-wide Registry.
+var DefaultRegistry = NewRegistry()
+
 // hold marks names as possibly held until t.
-func (r *registry) hold(names []string, t time.Time) {
+func (r *Registry) hold(names []string, t time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range names {
@@ -29,7 +37,7 @@ func (r *registry) hold(names []string, t time.Time) {
 }
 
 // wait blocks until none of names is marked held, or ctx ends.
-func (r *registry) wait(ctx context.Context, names []string) error {
+func (r *Registry) wait(ctx context.Context, names []string) error {
 	for {
 		var latest time.Time
 		r.mu.Lock()

@@ -8,9 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,6 +17,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"go.uber.org/zap"
 )
 
@@ -38,8 +38,8 @@ type Member struct {
 	LogFile   string
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *testkit.Proc
+	logf *os.File
 }
 
 // Cluster is a set of etcd members started together.
@@ -129,7 +129,7 @@ func (c *Cluster) start(i int, state string) error {
 	if err != nil {
 		return fmt.Errorf("member %s log: %w", m.Name, err)
 	}
-	cmd := exec.Command(Binary,
+	p := testkit.StartProc(c.t, testkit.ProcOptions{Out: logf, StopSignal: syscall.SIGKILL}, Binary,
 		"--name", m.Name,
 		"--data-dir", m.DataDir,
 		"--listen-client-urls", m.ClientURL,
@@ -142,58 +142,40 @@ func (c *Cluster) start(i int, state string) error {
 		"--heartbeat-interval", "50",
 		"--election-timeout", "500",
 	)
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start member %s: %w", m.Name, err)
-	}
-	done := make(chan struct{})
 	go func() {
-		_ = cmd.Wait()
+		<-p.Done()
 		logf.Close()
-		close(done)
 	}()
 	m.mu.Lock()
-	m.cmd, m.done = cmd, done
+	m.proc = p
 	m.mu.Unlock()
 	return nil
 }
 
 func (m *Member) stop() {
 	m.mu.Lock()
-	cmd, done := m.cmd, m.done
+	p := m.proc
 	m.mu.Unlock()
-	if cmd == nil {
-		return
+	if p != nil {
+		p.Kill()
 	}
-	_ = cmd.Process.Kill()
-	<-done
 }
 
 // Running reports whether the member's process is alive.
 func (m *Member) Running() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.done == nil {
-		return false
-	}
-	select {
-	case <-m.done:
-		return false
-	default:
-		return true
-	}
+	return m.proc != nil && m.proc.Running()
 }
 
 // Signal sends sig to the member's process (SIGSTOP/SIGCONT pause it).
 func (m *Member) Signal(sig syscall.Signal) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.cmd == nil {
+	if m.proc == nil {
 		return fmt.Errorf("etcdtest: member %s not started", m.Name)
 	}
-	return m.cmd.Process.Signal(sig)
+	return m.proc.Signal(sig)
 }
 
 // Endpoints returns every member's client URL.
@@ -312,14 +294,5 @@ func (c *Cluster) Client(t testing.TB) *clientv3.Client {
 }
 
 // FreeAddr returns a loopback address with a port that was free a moment
-// ago.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("etcdtest: free port: %v", err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
+// ago (testkit.FreeAddr).
+func FreeAddr(t testing.TB) string { return testkit.FreeAddr(t) }
