@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,10 @@ type App struct {
 	pub  lateClient
 
 	mqttErr chan error
+	// wg is every goroutine the App starts (admin server, MQTT connect,
+	// plugin watcher); Stop waits for them. stopWatch ends the watcher.
+	wg        sync.WaitGroup
+	stopWatch context.CancelFunc
 }
 
 // New validates the wiring; it does no I/O.
@@ -149,12 +154,26 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}
 		a.adm = &http.Server{Handler: a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
 			Ready: a.Ready}), ReadHeaderTimeout: 5 * time.Second}
-		go a.adm.Serve(a.ln)
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.adm.Serve(a.ln)
+		}()
 		a.log.Info("admin API listening", "addr", a.ln.Addr().String())
 	}
-	go func() { a.mqttErr <- a.mc.Start(ctx) }()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.mqttErr <- a.mc.Start(ctx) // buffered: the first connect's result
+	}()
 	if a.host != nil {
-		go a.host.Watch(ctx)
+		wctx, cancel := context.WithCancel(context.Background())
+		a.stopWatch = cancel
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.host.Watch(wctx)
+		}()
 	}
 	a.log.Info("edge-agent running", "gateway", cfg.GatewayID, "broker", brokerURL, "devices", len(cfg.Devices), "version", a.o.Version)
 	return nil
@@ -217,8 +236,12 @@ func (a *App) Stop(ctx context.Context) error {
 	return errors.Join(err, a.closeAll())
 }
 
-// closeAll closes what is open; its error is the store's Close error.
+// closeAll closes what is open and waits for every goroutine the App
+// started; its error is the store's Close error.
 func (a *App) closeAll() error {
+	if a.stopWatch != nil {
+		a.stopWatch()
+	}
 	if a.adm != nil {
 		sctx, c := context.WithTimeout(context.Background(), time.Second)
 		a.adm.Shutdown(sctx)
@@ -236,6 +259,7 @@ func (a *App) closeAll() error {
 	if a.http != nil {
 		a.http.Close()
 	}
+	a.wg.Wait()
 	if a.st != nil {
 		if err := a.st.Close(); err != nil {
 			return fmt.Errorf("closing the store: %w", err)
