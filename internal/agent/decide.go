@@ -226,6 +226,17 @@ func AfterQuery(r DeviceRules, o *store.Op, q device.QueryResult, now time.Time)
 	return Decision{Step: StepResend}
 }
 
+// BeforeResend is judged after the pause before a resend, when the new
+// key is about to be recorded: expires_at may have passed during the pause
+// (PROTOCOL.md: expired is judged again before any resend). The last key
+// is tombstoned, so nothing of the operation has happened.
+func BeforeResend(o *store.Op, now time.Time) Decision {
+	if expired(o, now) {
+		return end(wire.CodeExpired, "the write was not applied and expires_at %s passed before it could be sent again; not resent", stamp(*o.ExpiresAt))
+	}
+	return Decision{Step: StepSend}
+}
+
 // Operator is an operator's answer for an unknown write on a device that
 // cannot be asked: applied -> ok; not applied -> failed/not_applied, never
 // resent (invariant 6).

@@ -251,3 +251,17 @@ func TestResultCodeTable(t *testing.T) {
 		}
 	}
 }
+
+// Expiry is judged again after the pause before a resend (attack round 2:
+// a resend after the backoff ignored expires_at).
+func TestBeforeResend(t *testing.T) {
+	if d := BeforeResend(&store.Op{ExpiresAt: &past}, t0); d.Step != StepEnd || d.Code != wire.CodeExpired {
+		t.Fatalf("expired during the pause: %+v", d)
+	}
+	if d := BeforeResend(&store.Op{ExpiresAt: &future}, t0); d.Step != StepSend || d.Raise {
+		t.Fatalf("not expired: %+v", d)
+	}
+	if d := BeforeResend(&store.Op{}, t0); d.Step != StepSend {
+		t.Fatalf("no expiry: %+v", d)
+	}
+}

@@ -107,7 +107,7 @@ func (a *Agent) admit(d Delivery) *arrival {
 		return ar
 	}
 	w := rt.w
-	now := a.now()
+	received := a.now()
 	ar.done = a.st.Submit(a.ctx, func(tx *store.Tx) error {
 		// Dedup against the record, inside the same serial commit stream
 		// as every other admission, so two deliveries of one op_id cannot
@@ -139,9 +139,10 @@ func (a *Agent) admit(d Delivery) *arrival {
 		o := store.Op{Device: dev, OpID: cmd.OpID, Status: store.OpQueued,
 			Fence: cmd.Fence, Action: cmd.Action, Params: cmd.Params, Lock: cmd.Lock,
 			Holder: cmd.Holder, ExpiresAt: cmd.ExpiresAt, ReplyTo: cmd.ReplyTo,
-			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: now.UTC()}
+			ContentHash: hash, Worker: w.id, InboxSeq: seq, ReceivedAt: received.UTC()}
 		it := item{InboxEntry: store.InboxEntry{Worker: w.id, Seq: seq, Device: dev, OpID: cmd.OpID}, op: &o}
-		if w.depth.Load() == 0 {
+		if w.depth.Load() == 0 && w.reserve() {
+			defer w.release() // after the push below: the worker takes it
 			// The worker is idle: when the checks leave nothing but the
 			// send (no policy; lock, expiry and fence pass), decide here,
 			// and make this commit the pending write's (invariant 3:
@@ -154,7 +155,9 @@ func (a *Agent) admit(d Delivery) *arrival {
 			if err != nil {
 				return err
 			}
-			if dec := Check(a.rules(rt), &o, d, now); dec.Step == StepSend {
+			// The clock is read now, in the commit, not at arrival: a
+			// busy commit loop may run this after expires_at.
+			if dec := Check(a.rules(rt), &o, d, a.now()); dec.Step == StepSend {
 				o.ParamsSent = stateOrEmpty(o.Params)
 				if err := a.pendTx(tx, &o, &d, dec.Raise); err != nil {
 					return err

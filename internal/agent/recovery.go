@@ -153,6 +153,25 @@ func (w *worker) settleRecovered() error {
 	if len(items) < 2 {
 		return nil
 	}
+	// The writes on devices that cannot be asked come first: recorded and
+	// published unknown now, so an operator can resolve them while the
+	// others are asked about (which lasts as long as their devices cannot
+	// answer).
+	for _, e := range items {
+		rt := w.a.devs[e.Device]
+		if rt.drv.Queryable(e.Device) {
+			continue
+		}
+		o, ok, err := w.load(e)
+		if err != nil {
+			return err
+		}
+		if ok && o.Status == store.OpPending {
+			if err := w.markUnknown(&o, fmt.Sprintf("the write to %s may or may not have happened (interrupted); %s cannot be asked: an operator must resolve it", o.Device, o.Device)); err != nil {
+				return err
+			}
+		}
+	}
 	for _, e := range items {
 		rt := w.a.devs[e.Device]
 		if !rt.drv.Queryable(e.Device) {

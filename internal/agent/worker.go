@@ -37,6 +37,10 @@ type worker struct {
 	// unresolved is how many of the entries recovery queued first are
 	// unresolved writes (settleRecovered).
 	unresolved int
+	// reserved counts admissions deciding on arrival (reserve); exited is
+	// set when the worker has ended (both under mu).
+	reserved int
+	exited   bool
 }
 
 func newWorker(a *Agent, id string) *worker {
@@ -81,14 +85,44 @@ func (w *worker) next() (item, bool) {
 			w.mu.Unlock()
 			return e, true
 		}
+		if stopping && w.reserved == 0 {
+			w.exited = true
+			w.mu.Unlock()
+			return item{}, false
+		}
 		w.mu.Unlock()
 		if stopping {
-			return item{}, false
+			<-w.wake // an admission deciding on arrival pushes or releases
+			continue
 		}
 		select {
 		case <-w.a.stopping:
 		case <-w.wake:
 		}
+	}
+}
+
+// reserve is called by an admission that would decide its command on
+// arrival: it keeps the worker from ending at a stop until release, so the
+// write it makes pending is taken (as the write in hand), never left
+// behind. False when the worker has ended: the command stays queued.
+func (w *worker) reserve() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exited {
+		return false
+	}
+	w.reserved++
+	return true
+}
+
+func (w *worker) release() {
+	w.mu.Lock()
+	w.reserved--
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -287,7 +321,7 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 				return false, err
 			}
 			o.WasUnknown = true
-			dec = Decision{Step: StepSend}
+			dec = BeforeResend(&o, a.now())
 		default:
 			return false, fmt.Errorf("agent: internal error: step %v", dec.Step)
 		}
@@ -446,6 +480,14 @@ func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) 
 			return AfterQuery(a.rules(rt), o, q, a.now()), q.State, nil
 		}
 		a.log.Warn("cannot ask the device about an unresolved write; will ask again", "device", o.Device, "op_id", o.OpID, "key", o.Key, "err", err)
+		if o.Status != store.OpUnknown {
+			// A write interrupted by a restart that cannot be resolved
+			// now is held as unknown like any other: recorded, published
+			// (once), and replayed as unknown to a resend.
+			if err := w.markUnknown(o, fmt.Sprintf("the write to %s may or may not have happened (interrupted); %s cannot be asked now: %v", o.Device, o.Device, err)); err != nil {
+				return Decision{}, nil, err
+			}
+		}
 		if err := w.pause(a.o.QueryWait(attempt)); err != nil {
 			return Decision{}, nil, err
 		}

@@ -217,6 +217,10 @@ func (s *Store) Commits() uint64 {
 	return s.commits
 }
 
+// Waiting returns how many updates are enqueued and not yet taken into a
+// commit (for tests that must see an update wait behind a slow commit).
+func (s *Store) Waiting() int { return len(s.reqs) }
+
 // Path returns the file's path.
 func (s *Store) Path() string { return s.db.Path() }
 
