@@ -20,7 +20,7 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // Defaults of HTTPDevice and HTTPOptions.

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // The host encodes the input and decodes the output by hand: on the hot

@@ -23,10 +23,10 @@
 package sdk
 
 import (
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
-
 	"errors"
 	"time"
+
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // Plugin is what a plugin registers.
