@@ -2,7 +2,8 @@
 // JSON Schemas of docs/schema/ against wire's codes and against real
 // messages of a running agent, and docs/asyncapi.yaml (it parses, every
 // $ref resolves, its channels, QoS and retained flags are the protocol's,
-// its examples validate).
+// its examples validate), and that the documentation links only to files
+// in the repository.
 package schema_test
 
 import (
