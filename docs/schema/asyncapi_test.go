@@ -1,6 +1,7 @@
 package schema_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"gopkg.in/yaml.v3"
 
 	"github.com/edge-agent/edge-agent/wire"
@@ -266,5 +268,47 @@ func TestAsyncAPIExamplesValidate(t *testing.T) {
 	}
 	if n < 4 {
 		t.Fatalf("%d examples checked", n)
+	}
+}
+
+// The document is a valid AsyncAPI 3.0.0 document by the specification's
+// own JSON Schema (testdata/asyncapi: operations, replies, MQTT bindings
+// and all), and a document with one operation broken is not.
+func TestAsyncAPIDocumentIsValidAsyncAPI3(t *testing.T) {
+	c := jsonschema.NewCompiler()
+	spec, err := c.Compile("testdata/asyncapi/asyncapi-3.0.0.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	asJSON := func(doc map[string]any) any {
+		b, err := json.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if err := spec.Validate(asJSON(loadAsyncAPI(t))); err != nil {
+		t.Fatalf("%s is not a valid AsyncAPI 3.0.0 document: %v", asyncAPIFile, err)
+	}
+	for name, breakIt := range map[string]func(map[string]any){
+		"action publish (AsyncAPI 2)": func(d map[string]any) {
+			d["operations"].(map[string]any)["sendResult"].(map[string]any)["action"] = "publish"
+		},
+		"qos 3": func(d map[string]any) {
+			d["operations"].(map[string]any)["sendState"].(map[string]any)["bindings"].(map[string]any)["mqtt"].(map[string]any)["qos"] = 3
+		},
+		"a reply with a description": func(d map[string]any) {
+			d["operations"].(map[string]any)["receiveCommand"].(map[string]any)["reply"].(map[string]any)["description"] = "x"
+		},
+	} {
+		doc := loadAsyncAPI(t)
+		breakIt(doc)
+		if err := spec.Validate(asJSON(doc)); err == nil {
+			t.Errorf("%s: the broken document validates", name)
+		}
 	}
 }
