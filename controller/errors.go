@@ -77,7 +77,7 @@ var (
 	// barrier with applied and last_fence >= the holder's fence.
 	ErrBarrier = errors.New("controller: barrier not confirmed")
 	// ErrInvalidCommand is returned by Send for a device, action, params
-	// or op_id that breaks PROTOCOL.md §1.
+	// or op_id that breaks docs/protocol.md §1.
 	ErrInvalidCommand = errors.New("controller: invalid command")
 )
 

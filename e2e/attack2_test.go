@@ -2,8 +2,8 @@ package e2e
 
 // Adversarial tests of the reworked command path (attack round 2). Each
 // TestAttack2* drives one sequence of events against real parts (mosquitto,
-// firmware-sim, bbolt, the agent) that breaks a rule of PROTOCOL.md §1 or
-// an invariant of DESIGN.md; the comment above each says which, and why.
+// firmware-sim, bbolt, the agent) that breaks a rule of docs/protocol.md §1 or
+// an invariant of docs/design.md; the comment above each says which, and why.
 
 import (
 	"net/http"
@@ -48,7 +48,7 @@ func isOpsQuery(r *http.Request) bool {
 	return r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/ops/")
 }
 
-// PROTOCOL.md §1: "`expired` is judged when the worker reaches the command
+// docs/protocol.md §1: "`expired` is judged when the worker reaches the command
 // (and again before any resend), against the agent's clock."
 //
 // Sequence: a queryable pump answers the first three applies 503 (nothing
@@ -132,8 +132,8 @@ func TestAttack2ResendAfterBackoffIgnoresExpiry(t *testing.T) {
 // outcome_unknown ("the write may have reached the device") for a write
 // that certainly never did, and holds p1 for an operator.
 //
-// PROTOCOL.md §1 table: unknown/outcome_unknown is for a write that "may
-// have reached the device"; DESIGN.md invariant 6 then makes an operator
+// docs/protocol.md §1 table: unknown/outcome_unknown is for a write that "may
+// have reached the device"; docs/design.md invariant 6 then makes an operator
 // resolve a write that was never sent (and resolving it "applied" by
 // mistake would record a state the device never had).
 //
@@ -199,10 +199,10 @@ func TestAttack2StopBeforeFastPathAdmissionRunsLeavesUnsentWriteUnknown(t *testi
 	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
 }
 
-// PROTOCOL.md §1: "An `unknown` outcome is recorded as unknown, published,
+// docs/protocol.md §1: "An `unknown` outcome is recorded as unknown, published,
 // and once resolved, recorded and published again"; dedup: "a queued or
 // pending one is only acknowledged (its Result will come); an unknown one
-// is replayed as unknown". DESIGN.md Recovery: "At start-up every pending
+// is replayed as unknown". docs/design.md Recovery: "At start-up every pending
 // record counts as unknown".
 //
 // Sequence: the agent is SIGKILLed after a write to a queryable pump
@@ -264,7 +264,7 @@ func TestAttack2RecoveredWriteHeldSilentlyWhileDeviceCannotBeAsked(t *testing.T)
 	}
 }
 
-// PROTOCOL.md §1: "`expired` is judged when the worker reaches the command
+// docs/protocol.md §1: "`expired` is judged when the worker reaches the command
 // ..., against the agent's clock." The fast path judges it with the clock
 // read when the delivery arrived, not when the decision is made: admit()
 // reads `now` before Submit, and the check runs inside the commit, which
@@ -314,9 +314,9 @@ func TestAttack2FastPathJudgesExpiryWithTheArrivalClock(t *testing.T) {
 	want(t, r, wire.StatusRejected, wire.CodeExpired)
 }
 
-// DESIGN.md invariant 6: "a device that cannot be asked is held until an
-// operator resolves the write"; PROTOCOL.md §3: resolve answers 409 for "an
-// operation that is not unknown"; DESIGN.md Recovery: "every pending record
+// docs/design.md invariant 6: "a device that cannot be asked is held until an
+// operator resolves the write"; docs/protocol.md §3: resolve answers 409 for "an
+// operation that is not unknown"; docs/design.md Recovery: "every pending record
 // counts as unknown".
 //
 // Sequence: a (queryable) and b (queryable: false) are separate devices.

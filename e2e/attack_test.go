@@ -1,7 +1,7 @@
 package e2e
 
 // Adversarial tests: each TestAttack* drives one sequence of events that
-// breaks an invariant of DESIGN.md or a rule of PROTOCOL.md §1. A test that
+// breaks an invariant of docs/design.md or a rule of docs/protocol.md §1. A test that
 // fails shows a real bug (see the comment above it).
 
 import (
@@ -26,9 +26,9 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 )
 
-// Invariant 1 (DESIGN.md): "once a command or barrier with fence F has
+// Invariant 1 (docs/design.md): "once a command or barrier with fence F has
 // passed the worker's fence check, no command with a fence below F ever
-// takes effect on the device afterwards", and PROTOCOL.md's order of checks
+// takes effect on the device afterwards", and docs/protocol.md's order of checks
 // puts `last_fence = max(last_fence, fence)` before the policy.
 //
 // Sequence: the new owner's command (fence 10) passes lock/expiry/fence,
@@ -59,7 +59,7 @@ func TestAttackPolicyErrorLeavesFenceDown(t *testing.T) {
 	want(t, r, wire.StatusRejected, wire.CodeStaleFence)
 }
 
-// PROTOCOL.md DeviceState: `state` is "the device's last confirmed state as
+// docs/protocol.md DeviceState: `state` is "the device's last confirmed state as
 // the agent knows it" (retained). worker.newKey publishes, whenever it
 // raises last_fence, a DeviceState built from store.Device{LastFence: lf}:
 // empty state and empty last_op_id. The retained state is wiped on every
@@ -95,8 +95,8 @@ func TestAttackFenceRaiseWipesRetainedState(t *testing.T) {
 	}
 }
 
-// PROTOCOL.md §1: "An `unknown` outcome is recorded as unknown, published,
-// and once resolved, recorded and published again"; DESIGN.md recovery:
+// docs/protocol.md §1: "An `unknown` outcome is recorded as unknown, published,
+// and once resolved, recorded and published again"; docs/design.md recovery:
 // "every pending record counts as unknown".
 //
 // Sequence: device queryable: false; the agent is SIGKILLed after the
@@ -119,7 +119,7 @@ func TestAttackNonQueryableCrashPublishesNoUnknown(t *testing.T) {
 	want(t, r, wire.StatusUnknown, wire.CodeOutcomeUnknown)
 }
 
-// DESIGN.md Retention: "records whose Result is still in the outbox are
+// docs/design.md Retention: "records whose Result is still in the outbox are
 // never deleted", and a final record goes once it is older than the
 // retention and not among the last N. (The first version counted each op's
 // unpublished Results on its record; the worker wrote stale copies back
@@ -184,7 +184,7 @@ func TestAttackRetentionKeepsUnpublishedRecords(t *testing.T) {
 	}
 }
 
-// DESIGN.md device groups: "its policy sees every member's state"; the
+// docs/design.md device groups: "its policy sees every member's state"; the
 // group exists so that "the valve may not open while the pump runs".
 //
 // Sequence: pump-1 (queryable: false) and valve-2 form a group guarded by

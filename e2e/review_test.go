@@ -244,7 +244,7 @@ func TestRecoveryOfTwoUnresolvedWritesInANewGroup(t *testing.T) {
 	}
 }
 
-// Defect 4 (PROTOCOL.md §1: an unknown outcome is recorded and published):
+// Defect 4 (docs/protocol.md §1: an unknown outcome is recorded and published):
 // a write recovered as pending is resent; when the resend ended unknown,
 // nothing was published, because the recovery had already marked the op
 // "was unknown".

@@ -1,4 +1,4 @@
-// Command firmware-sim is the simulated device firmware of PROTOCOL.md §2.
+// Command firmware-sim is the simulated device firmware of docs/protocol.md §2.
 //
 //	firmware-sim [--listen 127.0.0.1:8081] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve
 //

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"unicode/utf8"
 
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // The fast path of ParseCommand and Canonical: one pass over the bytes,
@@ -24,7 +24,7 @@ type member struct {
 	val []byte
 }
 
-// scan is the project's JSON scanner (internal/jsonscan) with the walks
+// scan is the project's JSON scanner (plugins/sdk/jsonscan) with the walks
 // this parser needs.
 type scan struct{ jsonscan.Scanner }
 

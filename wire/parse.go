@@ -30,7 +30,7 @@ type ParseError struct {
 
 func (e *ParseError) Error() string { return "wire: invalid command: " + e.Reason }
 
-// ParseCommand decodes and validates one Command payload (PROTOCOL.md §1).
+// ParseCommand decodes and validates one Command payload (docs/protocol.md §1).
 // Every failure is a *ParseError.
 func ParseCommand(payload []byte) (Command, error) {
 	return parseCommand(payload, true)

@@ -15,7 +15,7 @@ var (
 	actionRe   = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 )
 
-// ValidDeviceID reports whether s is a device ID of PROTOCOL.md §1.
+// ValidDeviceID reports whether s is a device ID of docs/protocol.md §1.
 func ValidDeviceID(s string) bool { return deviceIDRe.MatchString(s) }
 
 // ValidOpID reports whether s is a valid op_id.

@@ -1,4 +1,4 @@
-// Package wire holds the external contract of PROTOCOL.md in code: the MQTT
+// Package wire holds the external contract of docs/protocol.md in code: the MQTT
 // topics, the Command, Result and DeviceState payloads, and the result
 // codes. The agent, the controller side, edgectl and the tests all import
 // it, so the contract has exactly one definition.
@@ -22,7 +22,7 @@ const ActionFence = "fence"
 // Status is the coarse outcome of a command.
 type Status string
 
-// The four statuses of PROTOCOL.md §1.
+// The four statuses of docs/protocol.md §1.
 const (
 	StatusApplied  Status = "applied"
 	StatusRejected Status = "rejected"
@@ -33,7 +33,7 @@ const (
 // Code is the machine-readable reason of a Result.
 type Code string
 
-// The result codes of PROTOCOL.md §1.
+// The result codes of docs/protocol.md §1.
 const (
 	CodeOK                Code = "ok"
 	CodeInvalid           Code = "invalid"
@@ -67,7 +67,7 @@ func StatusOf(c Code) Status {
 }
 
 // Recorded reports whether an outcome with code c leaves an op record
-// (PROTOCOL.md §1, "What is recorded"): every final outcome and unknown,
+// (docs/protocol.md §1, "What is recorded"): every final outcome and unknown,
 // except the ones answered on arrival (unauthorized, invalid,
 // unknown_device, op_conflict, busy) and the ones that end a command
 // without a device write after it entered the inbox (policy_error,

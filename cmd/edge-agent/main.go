@@ -1,5 +1,5 @@
 // Command edge-agent is the fencing gateway: `run`, `inspect`, `policy
-// test`, `version` (PROTOCOL.md §4). main is wiring only.
+// test`, `version` (docs/protocol.md §4). main is wiring only.
 package main
 
 import (

@@ -6,7 +6,7 @@
 // same client library), and for a device-echo that only forwards each
 // command to firmware-sim before answering; it prints the ratios and the
 // CPU every process spent per command. Each device's controller keeps one
-// command in flight, as an owner does (DESIGN.md: the next command only
+// command in flight, as an owner does (docs/design.md: the next command only
 // after the previous one has its final Result).
 package main
 

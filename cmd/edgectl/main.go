@@ -1,4 +1,4 @@
-// Command edgectl is the operator's tool for edge-agent (PROTOCOL.md §4):
+// Command edgectl is the operator's tool for edge-agent (docs/protocol.md §4):
 // `send` one fenced command and await its Result, `watch` Results and
 // device states, `status` of an agent's devices. main is wiring only.
 //

@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 )
 
-// Faults are the failures the simulator injects into applies (PROTOCOL.md
+// Faults are the failures the simulator injects into applies (docs/protocol.md
 // §2, POST /v1/faults). The zero value injects none. Ops queries, state
 // and the journal are never subject to faults.
 type Faults struct {

@@ -10,7 +10,7 @@ import (
 	"strconv"
 )
 
-// The device types of PROTOCOL.md §2.
+// The device types of docs/protocol.md §2.
 const (
 	TypePump    = "pump"
 	TypeValve   = "valve"

@@ -1,4 +1,4 @@
-// Package sim is the firmware simulator of PROTOCOL.md §2: a stand-in for
+// Package sim is the firmware simulator of docs/protocol.md §2: a stand-in for
 // device firmware that honours idempotency keys and answers ops queries
 // with tombstones, but knows nothing of fencing. It is the hardware of the
 // tests and the demo, so it imports nothing of the agent.
@@ -214,7 +214,7 @@ func (s *Sim) load() error {
 	return nil
 }
 
-// Handler serves the API of PROTOCOL.md §2.
+// Handler serves the API of docs/protocol.md §2.
 func (s *Sim) Handler() http.Handler { return http.HandlerFunc(s.serve) }
 
 func (s *Sim) serve(w http.ResponseWriter, r *http.Request) {

@@ -142,7 +142,7 @@ type AdminOptions struct {
 	Gatherer prometheus.Gatherer // for /metrics; nil: the default
 }
 
-// AdminHandler serves PROTOCOL.md §3.
+// AdminHandler serves docs/protocol.md §3.
 func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 	mux := http.NewServeMux()
 	g := o.Gatherer

@@ -2,7 +2,7 @@
 // the durable inbox, acknowledgements in arrival order), one worker per
 // device or device group (lock, expiry, fence, policy, the device write,
 // unknown outcomes), recovery at start-up, and the outbox of Results.
-// The invariants it keeps are DESIGN.md's; the code that keeps each one
+// The invariants it keeps are docs/design.md's; the code that keeps each one
 // says so where it does.
 package agent
 

@@ -10,7 +10,7 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 )
 
-// This file is PROTOCOL.md §1's order of checks and result-code table in
+// This file is docs/protocol.md §1's order of checks and result-code table in
 // one place, as pure functions: each takes what is known at one step of a
 // command (the device's configuration, the command's record, the device's
 // record, the time, what the policy or the device said) and returns what
@@ -65,7 +65,7 @@ type Decision struct {
 	Code   wire.Code // StepEnd: the outcome's code
 	Reason string    // StepEnd and StepUnknown: one sentence for the Result
 	// Raise: last_fence is raised to the command's fence in the
-	// transaction that records this step (PROTOCOL.md: the pending record
+	// transaction that records this step (docs/protocol.md: the pending record
 	// or policy_denied, and policy_error, which passed the fence check).
 	Raise bool
 }
@@ -192,7 +192,7 @@ func AfterPolicy(o *store.Op, dec policy.Decision, err error) Decision {
 	return d
 }
 
-// AfterWrite classifies a write's outcome (DESIGN.md, "Talking to a
+// AfterWrite classifies a write's outcome (docs/design.md, "Talking to a
 // device"): applied -> ok; refused -> device_error; not sent ->
 // device_unreachable, unless the operation has been unknown (invariant 6:
 // it stays held until final); anything else may have happened: unknown.
@@ -228,7 +228,7 @@ func AfterQuery(r DeviceRules, o *store.Op, q device.QueryResult, now time.Time)
 
 // BeforeResend is judged after the pause before a resend, when the new
 // key is about to be recorded: expires_at may have passed during the pause
-// (PROTOCOL.md: expired is judged again before any resend). The last key
+// (docs/protocol.md: expired is judged again before any resend). The last key
 // is tombstoned, so nothing of the operation has happened.
 func BeforeResend(o *store.Op, now time.Time) Decision {
 	if expired(o, now) {

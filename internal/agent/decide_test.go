@@ -12,7 +12,7 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 )
 
-// These tables cover every row of PROTOCOL.md §1's result-code table and
+// These tables cover every row of docs/protocol.md §1's result-code table and
 // every step of its order of checks, on decide.go's pure functions: no
 // broker, no disk.
 
@@ -215,7 +215,7 @@ func TestOperator(t *testing.T) {
 	}
 }
 
-// Every code of PROTOCOL.md's table: its status, and whether it leaves a
+// Every code of docs/protocol.md's table: its status, and whether it leaves a
 // record ("What is recorded").
 func TestResultCodeTable(t *testing.T) {
 	tests := []struct {

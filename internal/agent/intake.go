@@ -48,7 +48,7 @@ func (a *Agent) intakeLoop() {
 	}
 }
 
-// admit runs the checks on arrival (PROTOCOL.md §1, order of checks 1:
+// admit runs the checks on arrival (docs/protocol.md §1, order of checks 1:
 // decide.go's Arrive and Dedup) and submits the admission to the group
 // commit without waiting for it, so one MQTT session's commands share
 // fsyncs.
@@ -194,7 +194,7 @@ func (a *Agent) admit(d Delivery) *arrival {
 func (a *Agent) answerOnArrival(ar *arrival, replyTo string, r wire.Result) {
 	ar.topic = a.destination(replyTo, ar.dev)
 	if !wire.ValidPublishTopic(ar.topic) && replyTo != "" {
-		ar.topic = a.destination("", ar.dev) // PROTOCOL.md: when reply_to cannot be used, the result topic
+		ar.topic = a.destination("", ar.dev) // docs/protocol.md: when reply_to cannot be used, the result topic
 	}
 	if !wire.ValidPublishTopic(ar.topic) {
 		a.unpublishable(ar.topic, r.Device, r.Code)

@@ -11,7 +11,7 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 )
 
-// recover loads what the store holds at start-up (DESIGN.md, Recovery):
+// recover loads what the store holds at start-up (docs/design.md, Recovery):
 // last_fence of every device, the inbox, the outbox.
 //
 // Each inbox entry goes to its device's worker as configured now, not the

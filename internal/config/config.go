@@ -1,5 +1,5 @@
 // Package config loads and validates edge-agent's YAML configuration
-// (PROTOCOL.md §5). Decoding is strict: unknown keys are errors, and every
+// (docs/protocol.md §5). Decoding is strict: unknown keys are errors, and every
 // error names the key and the problem.
 package config
 
@@ -131,7 +131,7 @@ type Limits struct {
 	InitTimeout Duration `yaml:"init_timeout"` // instantiation + policy_init; default 1s
 }
 
-// Default values (PROTOCOL.md §5).
+// Default values (docs/protocol.md §5).
 const (
 	DefaultQueue           = 256
 	DefaultTimeout         = 2 * time.Second
@@ -221,7 +221,7 @@ func (c *Config) validate() error {
 	return p.err()
 }
 
-// defaults fills in every default of PROTOCOL.md §5 (and docs/config.md's
+// defaults fills in every default of docs/protocol.md §5 (and docs/config.md's
 // extensions) that a key left unset.
 func (c *Config) defaults() {
 	if c.DataDir == "" {

@@ -1,5 +1,5 @@
 // Package device holds the drivers that talk to device firmware, behind one
-// small interface. A write ends in exactly one of four outcomes (DESIGN.md,
+// small interface. A write ends in exactly one of four outcomes (docs/design.md,
 // "Talking to a device"): applied, refused, not sent, or unknown.
 package device
 

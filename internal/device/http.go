@@ -20,7 +20,7 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // Defaults of HTTPDevice and HTTPOptions.
@@ -33,7 +33,7 @@ const (
 )
 
 // HTTPDevice is the driver configuration of one device that speaks the
-// firmware HTTP API of PROTOCOL.md §2 (the `driver:` block of a device in
+// firmware HTTP API of docs/protocol.md §2 (the `driver:` block of a device in
 // the agent's configuration).
 type HTTPDevice struct {
 	// URL is the firmware's base URL, e.g. http://127.0.0.1:8081. Required.
@@ -77,7 +77,7 @@ type HTTPOptions struct {
 // HTTP is the Driver for devices that speak the firmware HTTP API, built
 // on go-retryablehttp. It is safe for concurrent use.
 //
-// Each write ends in exactly one outcome (DESIGN.md, "Talking to a
+// Each write ends in exactly one outcome (docs/design.md, "Talking to a
 // device"): a 2xx is Applied, a 4xx Refused; with no definite answer, the
 // write is NotSent only if no try could have reached the device (none got
 // a connection), and Unknown as soon as one may have (it connected: a

@@ -1,4 +1,4 @@
-// Package mqtt is edge-agent's broker session (PROTOCOL.md §1, DESIGN.md
+// Package mqtt is edge-agent's broker session (docs/protocol.md §1, docs/design.md
 // "Operational notes") and its optional embedded broker.
 //
 // # Client

@@ -80,7 +80,7 @@ const StoreSyncInterval = time.Second
 // (see EmbeddedOptions.SyncEveryWrite). A message is therefore kept across
 // a broker restart or crash once it has been routed, not from the PUBACK
 // on, and across a power loss once it has been synced: a controller
-// resends until it sees a Result (PROTOCOL.md), as it must with
+// resends until it sees a Result (docs/protocol.md), as it must with
 // mosquitto's periodic snapshots too. Order: a publish sent after the
 // PUBACK of another, from any connection, is routed after it (see
 // sessionHook, fix 4). A store that a power loss left

@@ -11,7 +11,7 @@ type Message struct {
 	Topic   string
 	Payload []byte
 	// Retained is true for the replay of a retained message (sent because
-	// a subscription matched it), never for a live publish: PROTOCOL.md
+	// a subscription matched it), never for a live publish: docs/protocol.md
 	// says such a delivery is never a new command.
 	Retained bool
 	// Duplicate is the DUP flag: the broker may have sent this message

@@ -28,7 +28,7 @@ import (
 //
 //  2. mochi resends a session's in-flight messages sorted by
 //     uint16(Created), Created being in seconds: after a reconnect the
-//     messages of the same second come in random order (DESIGN.md needs
+//     messages of the same second come in random order (docs/design.md needs
 //     each device's commands in order). The hook numbers every outbound
 //     message (seq, stored as the record's Created so it survives a
 //     restart) and, just before mochi resends (OnSessionEstablish), sets

@@ -92,12 +92,33 @@ func toolVersion(name string, args ...string) (string, error) {
 }
 
 // sourceHash hashes every input of the build: the sources under plugins/
-// and internal/policy/testdata/, go.mod, go.sum and the tools' versions.
+// and internal/policy/testdata/ (the SDK and its JSON scanner included),
+// the go.mod and go.sum of both modules (the agent's, and the SDK's under
+// plugins/sdk, which the agent's replaces with that directory) and the
+// tools' versions.
 func sourceHash(root string, versions []string) (string, error) {
+	files, err := sourceFiles(root)
+	if err != nil {
+		return "", err
+	}
 	h := sha256.New()
 	for _, v := range versions {
 		io.WriteString(h, v+"\n")
 	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		rel, _ := filepath.Rel(root, f)
+		fmt.Fprintf(h, "%s %d\n", rel, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// sourceFiles lists the files sourceHash hashes, sorted.
+func sourceFiles(root string) ([]string, error) {
 	var files []string
 	for _, dir := range []string{"plugins", "internal/policy/testdata"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d fs.DirEntry, err error) error {
@@ -111,24 +132,44 @@ func sourceHash(root string, versions []string) (string, error) {
 			case ".go", ".c", ".h", ".wat":
 				files = append(files, p)
 			}
+			switch d.Name() {
+			case "go.mod", "go.sum", "go.work", "go.work.sum":
+				files = append(files, p)
+			}
 			return nil
 		})
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 	}
 	files = append(files, filepath.Join(root, "go.mod"), filepath.Join(root, "go.sum"))
 	sort.Strings(files)
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return "", err
-		}
-		rel, _ := filepath.Rel(root, f)
-		fmt.Fprintf(h, "%s %d\n", rel, len(b))
-		h.Write(b)
+	return files, nil
+}
+
+// The plugin cache is keyed by every input of a plugin's build: a change
+// to the SDK's module file or its JSON scanner (which moved there from
+// internal/, outside the hashed folders) must rebuild the plugins.
+func TestSourceHashCoversBothModules(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
+	files, err := sourceFiles(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range files {
+		rel, _ := filepath.Rel(root, f)
+		have[filepath.ToSlash(rel)] = true
+	}
+	for _, want := range []string{"go.mod", "go.sum", "plugins/sdk/go.mod", "plugins/sdk/sdk.go",
+		"plugins/sdk/jsonscan/jsonscan.go", "plugins/range-limit/main.go", "plugins/range-limit-c/range_limit.c"} {
+		if !have[want] {
+			t.Errorf("the plugin build cache's hash does not cover %s", want)
+		}
+	}
 }
 
 func buildAll() (map[string]string, error) {

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // The host encodes the input and decodes the output by hand: on the hot
@@ -16,7 +16,7 @@ import (
 
 var emptyObject = json.RawMessage("{}")
 
-// appendInput appends the input document of POLICY_ABI.md to b. Raw fields
+// appendInput appends the input document of docs/plugin-abi.md to b. Raw fields
 // must be valid JSON (ErrBadInput otherwise): a raw field that is not could
 // change the document's structure around it.
 func appendInput(b []byte, in *Input) ([]byte, error) {

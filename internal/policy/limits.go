@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The ABI's default limits (POLICY_ABI.md, "Failure is a denial").
+// The ABI's default limits (docs/plugin-abi.md, "Failure is a denial").
 const (
 	DefaultTimeout     = 50 * time.Millisecond
 	DefaultMemory      = 64 << 20

@@ -1,5 +1,5 @@
 // Package policy runs per-device validation policies as sandboxed
-// WebAssembly plugins (POLICY_ABI.md), with wazero.
+// WebAssembly plugins (docs/plugin-abi.md), with wazero.
 package policy
 
 import (
@@ -23,7 +23,7 @@ type CommandView struct {
 	Holder string          `json:"holder,omitempty"`
 }
 
-// Input is the JSON document passed to policy_eval (POLICY_ABI.md, Input).
+// Input is the JSON document passed to policy_eval (docs/plugin-abi.md, Input).
 type Input struct {
 	Device    DeviceRef                  `json:"device"`
 	Command   CommandView                `json:"command"`

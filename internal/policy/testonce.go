@@ -20,7 +20,7 @@ const TestDevice = "test-device"
 //
 // command is either a Command as a controller sends it (op_id, fence,
 // action, params, holder; optionally "device" and "device_type" to name the
-// device, else TestDevice), or a whole input document as POLICY_ABI.md
+// device, else TestDevice), or a whole input document as docs/plugin-abi.md
 // shows it (an object with a "command" member), which allows a group view;
 // a non-empty state replaces the document's. The returned duration is that
 // of the evaluation alone.

@@ -5,7 +5,7 @@ import "errors"
 var (
 	// ErrFailed is returned by every Update after a commit failed: a store
 	// that failed a commit (or an fsync) is not trusted again; the process
-	// must stop and recover on restart (DESIGN.md invariant 5).
+	// must stop and recover on restart (docs/design.md invariant 5).
 	ErrFailed = errors.New("store: a commit failed earlier; the store is stopped")
 	// ErrClosed is returned by calls after Close.
 	ErrClosed = errors.New("store: closed")

@@ -33,7 +33,7 @@ type Device struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// Op is one operation's durable record (DESIGN.md storage sketch).
+// Op is one operation's durable record (docs/design.md storage sketch).
 type Op struct {
 	Device string   `json:"device"`
 	OpID   string   `json:"op_id"`

@@ -1,5 +1,5 @@
 // Package store keeps edge-agent's durable state in one bbolt file: the
-// inbox, device records (last_fence), op records, the outbox (DESIGN.md,
+// inbox, device records (last_fence), op records, the outbox (docs/design.md,
 // storage sketch). Every write goes through a group commit: one goroutine
 // runs all the updates that are waiting in one bbolt transaction and one
 // fsync, so many devices share a commit while a lone device never waits for

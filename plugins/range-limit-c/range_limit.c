@@ -1,6 +1,6 @@
 /*
  * range-limit in C: the same rule and the same configuration as the Go
- * plugin plugins/range-limit, to show that the ABI (POLICY_ABI.md) is
+ * plugin plugins/range-limit, to show that the ABI (docs/plugin-abi.md) is
  * language-neutral. Freestanding: no libc, no WASI, no allocator; two
  * static buffers and a small JSON scanner.
  *

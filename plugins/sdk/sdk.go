@@ -1,4 +1,4 @@
-// Package sdk hides the edge_policy_v1 ABI (POLICY_ABI.md) from a policy
+// Package sdk hides the edge_policy_v1 ABI (docs/plugin-abi.md) from a policy
 // plugin written in Go. A plugin is a main package that registers itself
 // in init and is built as a WASI reactor:
 //
@@ -23,10 +23,10 @@
 package sdk
 
 import (
-	"github.com/edge-agent/edge-agent/internal/jsonscan"
-
 	"errors"
 	"time"
+
+	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // Plugin is what a plugin registers.
