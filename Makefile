@@ -3,7 +3,11 @@ GO        ?= go
 BIN       := bin
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: all build demo test bench check fmt vet plugins clean
+# Pinned tool versions (make check).
+STATICCHECK_VERSION := v0.8.2
+TOOLS               := $(CURDIR)/.tools
+
+.PHONY: all build demo test bench check fmt vet staticcheck plugins clean
 
 all: build
 
@@ -31,13 +35,24 @@ bench:
 	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy
 	$(GO) run ./cmd/edge-bench
 
-check: fmt vet test
+# fmt, vet, staticcheck (pinned) over both modules, then the tests.
+check: fmt vet staticcheck test
+
+$(TOOLS)/staticcheck-$(STATICCHECK_VERSION):
+	GOBIN=$(TOOLS)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(TOOLS)/bin/staticcheck $@
+
+staticcheck: $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
+	$< ./...
+	cd plugins/sdk && $< ./...
+	cd plugins/sdk && GOOS=wasip1 GOARCH=wasm $< ./...
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
 	$(GO) vet ./...
+	cd plugins/sdk && $(GO) vet ./...
 
 clean:
-	rm -rf $(BIN) plugins/build data .demo
+	rm -rf $(BIN) plugins/build data .demo $(TOOLS)

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -24,7 +23,7 @@ const sdkModule = "github.com/edge-agent/edge-agent/plugins/sdk"
 // examples are the Go example plugins (directories beside this file).
 var examples = []string{"range-limit", "ramp-limit", "interlock", "allowlist", "time-window"}
 
-func goBin() string { return filepath.Join(runtime.GOROOT(), "bin", "go") }
+func goBin() string { return "go" } // the one on PATH, as every build in the project
 
 // goCmd runs the go tool in dir with extra environment and returns its
 // combined output; a failure fails the test.

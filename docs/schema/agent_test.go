@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -118,7 +117,7 @@ func closedPortURL(t *testing.T) string {
 // buildRangeLimit builds the range-limit example plugin into dir.
 func buildRangeLimit(t *testing.T, dir string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared",
+	cmd := exec.Command("go", "build", "-buildmode=c-shared",
 		"-o", filepath.Join(dir, "range-limit.wasm"), "../../plugins/range-limit")
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if out, err := cmd.CombinedOutput(); err != nil {

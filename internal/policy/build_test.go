@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -177,7 +176,7 @@ func buildAll() (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goBin := "go" // the one on PATH, as every build in the project
 	var versions []string
 	for _, tool := range [][]string{{goBin, "version"}, {"wat2wasm", "--version"}, {"clang", "--version"}, {"wasm-ld", "--version"}} {
 		v, err := toolVersion(tool[0], tool[1:]...)

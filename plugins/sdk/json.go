@@ -165,7 +165,7 @@ func (v Value) Object() (Object, bool) {
 	if v.Kind() != ObjectKind {
 		return Object{}, false
 	}
-	return Object{raw: v.raw}, true
+	return Object(v), true
 }
 
 // Array returns the elements of an array value.

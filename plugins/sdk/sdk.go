@@ -45,6 +45,7 @@ func Register(p Plugin) {
 	registered = p
 }
 
+//lint:ignore U1000 read by the ABI functions of abi_wasip1.go (wasip1 only)
 var registered Plugin
 
 // Device is the device the command is for.
@@ -163,7 +164,7 @@ func ParseInput(b []byte) (Input, error) {
 		}
 		switch string(k) {
 		case "device":
-			m := Object{raw: v.raw}.members()
+			m := Object(v).members()
 			for {
 				k, _, v, ok := m.next()
 				if !ok {
@@ -177,7 +178,7 @@ func ParseInput(b []byte) (Input, error) {
 				}
 			}
 		case "command":
-			m := Object{raw: v.raw}.members()
+			m := Object(v).members()
 			for {
 				k, _, v, ok := m.next()
 				if !ok {

@@ -39,7 +39,6 @@ type Member struct {
 
 	mu   sync.Mutex
 	proc *testkit.Proc
-	logf *os.File
 }
 
 // Cluster is a set of etcd members started together.
