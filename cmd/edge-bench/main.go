@@ -230,10 +230,7 @@ func (t *agentTarget) stop() {
 		st := t.a.Store().Stats()
 		fmt.Fprintf(os.Stderr, "store: %d commits, %d updates (%.1f/commit), %.2fms/commit\n", st.Commits, st.Updates,
 			float64(st.Updates)/float64(st.Commits), st.CommitTime.Seconds()*1000/float64(st.Commits))
-		ds := t.a.Store().DB().Stats()
-		fmt.Fprintf(os.Stderr, "bbolt: %d writes, %.1f pages/commit, write %s, spill %s, rebalance %s, split %d\n",
-			ds.TxStats.GetWrite(), float64(ds.TxStats.GetWrite())/float64(st.Commits), ds.TxStats.GetWriteTime(),
-			ds.TxStats.GetSpillTime(), ds.TxStats.GetRebalanceTime(), ds.TxStats.GetSplit())
+		fmt.Fprintf(os.Stderr, "bbolt: %.1f pages/commit\n", float64(st.Pages)/float64(st.Commits))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -161,11 +161,11 @@ func BenchmarkCommandPath(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			st := s.DB().Stats()
+			st := s.db.Stats()
 			commits, writes := s.Commits(), st.TxStats.GetWrite()
 			runWritersAs(b, devs, "cmds/s", cmd)
 			c := s.Commits() - commits
-			st = s.DB().Stats()
+			st = s.db.Stats()
 			b.ReportMetric(float64(st.TxStats.GetWrite()-writes)/float64(c), "pages/commit")
 			b.ReportMetric(float64(c)/float64(b.N), "commits/cmd")
 		})

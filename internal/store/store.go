@@ -103,13 +103,14 @@ type Stats struct {
 	Commits    uint64        // batches committed (one fsync each)
 	Updates    uint64        // updates in them
 	CommitTime time.Duration // total time in bbolt's Update, fsync included
+	Pages      int64         // pages bbolt wrote (its TxStats.Write)
 }
 
 // Stats returns the group commit's counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Commits: s.commits, Updates: s.updates, CommitTime: s.commitTime}
+	return Stats{Commits: s.commits, Updates: s.updates, CommitTime: s.commitTime, Pages: s.pages()}
 }
 
 type request struct {
@@ -223,9 +224,6 @@ func (s *Store) Waiting() int { return len(s.reqs) }
 
 // Path returns the file's path.
 func (s *Store) Path() string { return s.db.Path() }
-
-// DB exposes the bbolt handle for integrity checks in tests.
-func (s *Store) DB() *bolt.DB { return s.db }
 
 // Update runs fn in the next group commit and returns once that commit is
 // durable (fsynced), or failed. fn must not block, and should return an
@@ -501,4 +499,10 @@ func (s *Store) Close() error {
 		err = errors.Join(final, s.db.Close())
 	})
 	return err
+}
+
+// pages is how many pages bbolt has written.
+func (s *Store) pages() int64 {
+	st := s.db.Stats()
+	return st.TxStats.GetWrite()
 }

@@ -324,7 +324,7 @@ func TestOpIndexSurvivesRestart(t *testing.T) {
 		}
 	}
 	onDisk := func(s *Store) (n int) {
-		s.DB().View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketOpIndex).Stats().KeyN; return nil })
+		s.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketOpIndex).Stats().KeyN; return nil })
 		return n
 	}
 	s := open()
@@ -379,7 +379,7 @@ func TestOpIndexReaderAcrossFlush(t *testing.T) {
 	// bbolt cannot grow its memory map while a reader is open (the writer
 	// would wait for the reader, which waits for the writer): grow the file
 	// first, as a long-running store has.
-	if err := s.DB().Update(func(tx *bolt.Tx) error {
+	if err := s.db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucket([]byte("scratch"))
 		if err != nil {
 			return err
@@ -393,7 +393,7 @@ func TestOpIndexReaderAcrossFlush(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DB().Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("scratch")) }); err != nil {
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket([]byte("scratch")) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Update(ctx, func(tx *Tx) error {
@@ -421,7 +421,7 @@ func TestOpIndexReaderAcrossFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	var flushed int
-	s.DB().View(func(tx *bolt.Tx) error { flushed = tx.Bucket(bucketOpIndex).Stats().KeyN; return nil })
+	s.db.View(func(tx *bolt.Tx) error { flushed = tx.Bucket(bucketOpIndex).Stats().KeyN; return nil })
 	if flushed < flushEntries {
 		t.Fatalf("the flush did not happen: %d entries on disk", flushed)
 	}
