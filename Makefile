@@ -1,7 +1,9 @@
 # edge-agent: the front door. `make demo` and `make test` are the quick start.
 GO        ?= go
 BIN       := bin
-TESTFLAGS ?= -race -count=1 -timeout 15m
+# The tests run with the fault hooks compiled in (internal/failpoint); the
+# binaries `make build` makes have none.
+TESTFLAGS ?= -race -count=1 -timeout 15m -tags failpoints
 
 # Pinned tool versions (make check).
 STATICCHECK_VERSION := v0.8.2
@@ -28,6 +30,7 @@ demo: $(addprefix $(PLUGINS_DIR)/,$(addsuffix .wasm,$(PLUGINS_GO)))
 # built from source (.ci/run installs them on a fresh Debian machine).
 test:
 	$(GO) vet ./...
+	$(GO) vet -tags failpoints ./...
 	$(GO) test $(TESTFLAGS) ./...
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.

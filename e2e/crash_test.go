@@ -117,7 +117,7 @@ func TestStoreCommitFailureStopsTheAgent(t *testing.T) {
 	if code := e.waitExit(20 * time.Second); code != 1 {
 		t.Fatalf("agent exited %d, want 1", code)
 	}
-	if !strings.Contains(e.log(), "injected commit failure") {
+	if !strings.Contains(e.log(), "injected failure at commit") {
 		t.Fatalf("the fault did not happen:\n%s", e.log())
 	}
 	if n := len(e.journal()); n != 0 {

@@ -25,6 +25,7 @@ import (
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
@@ -77,7 +78,9 @@ type env struct {
 	proc *testkit.Proc // the agent process (startProc); nil once it exited
 	plog string        // the last agent process's output, once it exited
 
-	// failCommit is the in-process agent's store fault hook (nil: none).
+	// failCommit is the in-process agent's store fault hook (nil: none),
+	// the failpoint "commit": a test that sets it is skipped unless the
+	// test binary is built with -tags failpoints (make test does).
 	failCommit func() error
 
 	res     *collector
@@ -156,7 +159,14 @@ func (e *env) start() *app.App {
 		e.t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	a := app.New(cfg, app.Options{Logger: log, Version: "e2e", FailCommit: e.failCommit})
+	if e.failCommit != nil {
+		restore, err := failpoint.SetFunc(failpoint.Commit, e.failCommit)
+		if err != nil {
+			e.t.Skip(err)
+		}
+		e.t.Cleanup(restore)
+	}
+	a := app.New(cfg, app.Options{Logger: log, Version: "e2e"})
 	if err := a.Start(context.Background()); err != nil {
 		e.t.Fatal(err)
 	}
@@ -182,7 +192,7 @@ func (e *env) startProc(envv ...string) {
 	e.t.Helper()
 	cfg := e.writeConfig()
 	e.proc = testkit.StartProc(e.t, testkit.ProcOptions{Env: envv, StopSignal: syscall.SIGKILL},
-		testkit.Build(e.t, "../cmd/edge-agent"), "run", "--config", cfg, "--log-level", "warn")
+		testkit.Build(e.t, "../cmd/edge-agent", "failpoints"), "run", "--config", cfg, "--log-level", "warn")
 	if !e.started {
 		// First start: the agent's broker session does not exist until it
 		// subscribes, so wait for its retained "online" status.

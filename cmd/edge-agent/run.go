@@ -7,9 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -17,6 +14,7 @@ import (
 	"github.com/edge-agent/edge-agent/configs"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 )
 
 func runCmd() *cobra.Command {
@@ -49,49 +47,16 @@ func runCmd() *cobra.Command {
 	return c
 }
 
-// faults reads the test-only fault injection variables (docs/testing.md):
-// EDGE_AGENT_FAULT_FAIL_COMMIT=N fails the Nth group commit after start-up;
-// EDGE_AGENT_CRASH=POINT[:OP_ID] SIGKILLs the process at a crash point
-// (after_pending, after_write, before_ack), optionally only for one op_id.
-func faults(log *slog.Logger) (failCommit func() error, crashAt string, kill func(point, op string), err error) {
-	if v := os.Getenv("EDGE_AGENT_FAULT_FAIL_COMMIT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, "", nil, fmt.Errorf("EDGE_AGENT_FAULT_FAIL_COMMIT=%q: want a positive integer", v)
-		}
-		var count atomic.Int64
-		failCommit = func() error {
-			if count.Add(1) == int64(n) {
-				return errors.New("injected commit failure (EDGE_AGENT_FAULT_FAIL_COMMIT)")
-			}
-			return nil
-		}
-		log.Warn("fault injection: a commit will fail", "commit", n)
-	}
-	if v := os.Getenv("EDGE_AGENT_CRASH"); v != "" {
-		point, _, _ := strings.Cut(v, ":")
-		if point != "after_pending" && point != "after_write" && point != "before_ack" {
-			return nil, "", nil, fmt.Errorf("EDGE_AGENT_CRASH=%q: want after_pending, after_write or before_ack, optionally :OP_ID", v)
-		}
-		crashAt = v
-		kill = func(p, o string) {
-			log.Warn("fault injection: SIGKILL at crash point", "point", p, "op_id", o)
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // never returns
-		}
-		log.Warn("fault injection: crash point armed", "at", v)
-	}
-	return failCommit, crashAt, kill, nil
-}
-
 func run(cfg *config.Config, log *slog.Logger) error {
-	failCommit, crashAt, kill, err := faults(log)
-	if err != nil {
+	// Fault injection exists only in builds with -tags failpoints
+	// (tests and the chaos campaign); in a released binary this is a
+	// no-op, and no environment variable can make the agent crash.
+	if err := failpoint.FromEnv(); err != nil {
 		return configErr(err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a := app.New(cfg, app.Options{Logger: log, Version: Version, FailCommit: failCommit, CrashAt: crashAt, Kill: kill})
+	a := app.New(cfg, app.Options{Logger: log, Version: Version})
 	if err := a.Start(ctx); err != nil {
 		if errors.Is(err, app.ErrConfig) {
 			return configErr(err)

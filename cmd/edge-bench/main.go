@@ -47,6 +47,7 @@ func main() {
 	devs := flag.String("devices", "1,8,64", "device counts")
 	out := flag.String("out", "", "append a Markdown table to this file")
 	prof := flag.String("cpuprofile", "", "write a CPU profile of this process here (with -inprocess: of everything but mosquitto)")
+	comps := flag.Bool("components", false, "with -inprocess -cpuprofile: after the runs, print the agent's CPU per command by component, from the profile (run one device count, e.g. -devices 64)")
 	inproc := flag.Bool("inprocess", false, "run the agent, the firmware simulator and the echo inside this process (for CPU profiles) instead of as processes of their own")
 	flag.Func("agent-env", "KEY=VALUE added to the edge-agent process's environment, e.g. GOGC=200 (repeatable; not with -inprocess)", func(kv string) error {
 		if !strings.Contains(kv, "=") {
@@ -80,12 +81,28 @@ func main() {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	if *comps && (*prof == "" || !*inproc) {
+		fmt.Fprintln(os.Stderr, "edge-bench: -components needs -inprocess and -cpuprofile")
+		os.Exit(2)
+	}
 	if err := run(*dur, *devs, *out); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "edge-bench:", err)
 		os.Exit(1)
 	}
+	if *comps {
+		pprof.StopCPUProfile()
+		fmt.Printf("\nThe agent's CPU per command by component (%d commands, from %s):\n\n", agentCommands, *prof)
+		if err := componentTable(os.Stdout, *prof, agentCommands); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+	}
 }
+
+// agentCommands counts the commands the agent answered in the measured
+// windows (for -components).
+var agentCommands int
 
 // inProcess: everything in this process (-inprocess); otherwise the echo,
 // the agent and the firmware simulator each run as a process of their own,
@@ -143,6 +160,12 @@ func run(dur time.Duration, devList, out string) error {
 			return err
 		}
 	}
+	fl, err := measureFloor(tmp, 300)
+	if err != nil {
+		return err
+	}
+	fmt.Println(fl)
+	var floorLine string
 	var rows []string
 	fmt.Printf("%-8s %-12s %10s %9s %9s\n", "devices", "target", "cmds/s", "p50", "p99")
 	for _, f := range strings.Split(devList, ",") {
@@ -160,9 +183,16 @@ func run(dur time.Duration, devList, out string) error {
 				return fmt.Errorf("%s, %d devices: %w", k, n, err)
 			}
 			r := res[k]
+			if k == agentKind {
+				agentCommands += r.n
+			}
 			ratio := ""
 			if k == agentKind {
 				ratio = fmt.Sprintf("   ratio %.2f of echo, %.2f of device-echo", r.perSec/res[echoKind].perSec, r.perSec/res[deviceEchoKind].perSec)
+				if n == 1 {
+					floorLine = fmt.Sprintf("At 1 device the agent's p50 %s is %.2f times the %s.", r.p50.Round(time.Microsecond), float64(r.p50)/float64(fl.total()), fl)
+					ratio += fmt.Sprintf(", p50 %.2f x the floor", float64(r.p50)/float64(fl.total()))
+				}
 			}
 			fmt.Printf("%-8d %-12s %10.0f %9s %9s%s\n         %s\n", n, k, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), ratio, r.cpu)
 		}
@@ -189,6 +219,9 @@ func run(dur time.Duration, devList, out string) error {
 		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|")
 		for _, r := range rows {
 			fmt.Fprintln(f, r)
+		}
+		if floorLine != "" {
+			fmt.Fprintln(f, "\n"+floorLine)
 		}
 	}
 	return nil

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -57,18 +57,13 @@ type Delivery struct {
 // required; zero values of the rest mean the documented defaults.
 type Options struct {
 	Config    *config.Config
-	Store     *store.Store             // started
-	Publisher Publisher                // the MQTT session
-	Drivers   map[string]device.Driver // per device ID
-	Policy    policy.Evaluator         // nil: allow everything
-	Logger    *slog.Logger             // nil: slog.Default()
-	Registry  prometheus.Registerer    // nil: metrics are not registered
-	Now       func() time.Time         // nil: time.Now
-	// CrashAt arms a crash point for fault-injection tests: "POINT" or
-	// "POINT:OP_ID", POINT one of after_pending, after_write, before_ack.
-	// At it, Kill is called (a real SIGKILL in cmd/edge-agent). "": none.
-	CrashAt   string
-	Kill      func(point, opID string)
+	Store     *store.Store                    // started
+	Publisher Publisher                       // the MQTT session
+	Drivers   map[string]device.Driver        // per device ID
+	Policy    policy.Evaluator                // nil: allow everything
+	Logger    *slog.Logger                    // nil: slog.Default()
+	Registry  prometheus.Registerer           // nil: metrics are not registered
+	Now       func() time.Time                // nil: time.Now
 	KeyRand   func() string                   // nil: 8 random hex digits
 	QueryWait func(attempt int) time.Duration // wait between ops queries; nil: 100ms doubling to 5s
 	// ResendWait is the pause before the n-th resend of an operation the
@@ -168,6 +163,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.recover(ctx); err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.Recovery, "")
 	for _, w := range a.workers {
 		a.m.queueDepth.WithLabelValues(w.id).Set(float64(w.depth.Load()))
 		a.wg.Add(1)
@@ -256,22 +252,6 @@ func (a *Agent) stoppingNow() bool {
 		return true
 	default:
 		return false
-	}
-}
-
-// crashArmed reports whether the crash point is armed for opID.
-func (a *Agent) crashArmed(point, opID string) bool {
-	if a.o.CrashAt == "" || a.o.Kill == nil {
-		return false
-	}
-	p, op, _ := strings.Cut(a.o.CrashAt, ":")
-	return p == point && (op == "" || op == opID)
-}
-
-// crash is a test hook: a real SIGKILL of the process at a named point.
-func (a *Agent) crash(point, opID string) {
-	if a.crashArmed(point, opID) {
-		a.o.Kill(point, opID)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -252,6 +253,9 @@ func (a *Agent) ackLoop() {
 				a.fail(fmt.Errorf("agent: admitting %s/%s: %w", ar.dev, ar.cmd.OpID, err))
 				return
 			}
+			if ar.kind == AdmitQueued {
+				failpoint.Hit(failpoint.AfterInbox, ar.cmd.OpID)
+			}
 		}
 		select {
 		case <-a.failed: // invariant 5: nothing answered or acknowledged after a store failure
@@ -278,9 +282,9 @@ func (a *Agent) ackLoop() {
 			a.m.replays.Inc()
 			a.answerNow(ar.topic, r)
 		}
-		if ar.kind == AdmitQueued && a.crashArmed("before_ack", ar.cmd.OpID) {
+		if ar.kind == AdmitQueued && failpoint.Armed(failpoint.BeforeAck, ar.cmd.OpID) {
 			a.waitPublished(ar.dev, ar.cmd.OpID, 10*time.Second)
-			a.crash("before_ack", ar.cmd.OpID)
+			failpoint.Hit(failpoint.BeforeAck, ar.cmd.OpID)
 		}
 		if ar.d.Ack != nil {
 			ar.d.Ack()

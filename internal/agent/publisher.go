@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
 )
 
@@ -192,6 +193,9 @@ func (p *publisher) loop() {
 			}
 		}
 		if next != nil {
+			if next.seq > 0 {
+				failpoint.Hit(failpoint.BeforePublish, "")
+			}
 			pend, err := a.o.Publisher.PublishAsync(p.ctx, next.topic, next.payload, next.retained)
 			if err == nil {
 				fly = append(fly, inflight{*next, pend})
@@ -250,6 +254,7 @@ func (p *publisher) loop() {
 			close(f.it.done)
 		}
 		if f.it.seq > 0 {
+			failpoint.Hit(failpoint.AfterPublish, "")
 			a.m.published.Inc()
 			// Not waited for, and no commit of its own: it rides along
 			// with the next one. Losing it in a crash only republishes

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -219,7 +220,7 @@ func (w *worker) handle(e item) (bool, error) {
 			return false, errStopping // pending, if it became durable: recovery resolves it
 		}
 		a.fenceKnown(rt, o.Device, e.dev)
-		a.crash("after_pending", o.OpID)
+		failpoint.Hit(failpoint.AfterPending, o.OpID)
 		dec = Decision{Step: stepWrite}
 	case o.Status == store.OpQueued:
 		if dec, err = w.check(rt, &o); err != nil {
@@ -297,7 +298,7 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 			if err := w.pend(rt, &o, dec.Raise); err != nil {
 				return false, err
 			}
-			a.crash("after_pending", o.OpID)
+			failpoint.Hit(failpoint.AfterPending, o.OpID)
 			dec = Decision{Step: stepWrite}
 		case stepWrite:
 			if dec, state, err = w.write(rt, &o); err != nil {
@@ -433,7 +434,7 @@ func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error
 		Fence: o.Fence, Action: o.Action, Params: o.ParamsSent})
 	cancel()
 	a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
-	a.crash("after_write", o.OpID)
+	failpoint.Hit(failpoint.AfterWrite, o.OpID)
 	return AfterWrite(o, res), res.State, nil
 }
 
@@ -537,6 +538,7 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 	if err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.AfterOutcome, o.OpID)
 	a.ended(rt, o.Device, dec, d, moved)
 	return nil
 }

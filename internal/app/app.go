@@ -35,11 +35,8 @@ var ErrConfig = config.ErrInvalid
 
 // Options tune an App. Zero values mean defaults.
 type Options struct {
-	Logger     *slog.Logger
-	Version    string
-	FailCommit func() error             // store fault injection (tests)
-	CrashAt    string                   // armed crash point (tests): see agent.Options
-	Kill       func(point, opID string) // called at the armed crash point
+	Logger  *slog.Logger
+	Version string
 }
 
 // App is one running agent process.
@@ -89,7 +86,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
 	}
-	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{FailCommit: a.o.FailCommit, Logger: a.log})
+	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{Logger: a.log})
 	if err != nil {
 		return err
 	}
@@ -122,7 +119,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		ev = a.host
 	}
 	a.ag, err = agent.New(agent.Options{Config: cfg, Store: a.st, Publisher: &a.pub, Drivers: drv,
-		Policy: ev, Logger: a.log, Registry: a.reg, CrashAt: a.o.CrashAt, Kill: a.o.Kill})
+		Policy: ev, Logger: a.log, Registry: a.reg})
 	if err != nil {
 		return err
 	}

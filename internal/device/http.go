@@ -20,6 +20,8 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 
+	"github.com/edge-agent/edge-agent/internal/failpoint"
+
 	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
@@ -254,6 +256,10 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 	tl := &tryLog{idempotent: d.cfg.Idempotent, timeout: d.cfg.Timeout, log: h.log,
 		ids: []any{"device", w.Device, "op_id", w.OpID, "key", w.Key}}
 	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { tl.connected.Store(true) }}
+	if failpoint.Enabled {
+		// The request is on the wire and no answer has been read.
+		trace.WroteRequest = func(httptrace.WroteRequestInfo) { failpoint.Hit(failpoint.DuringWrite, w.OpID) }
+	}
 	req, err := retryablehttp.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace),
 		http.MethodPost, d.base+"/v1/devices/"+url.PathEscape(w.Device)+"/apply", body)
 	if err != nil {

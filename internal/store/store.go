@@ -29,6 +29,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
 
@@ -56,10 +58,6 @@ type Options struct {
 	// MaxBatch is the most updates committed in one transaction. Zero
 	// means 4096.
 	MaxBatch int
-	// FailCommit, when set, is called before each commit of a batch; a
-	// non-nil error aborts that commit as if the disk had failed. For
-	// fault-injection tests only. Nil means never.
-	FailCommit func() error
 	// Logger receives the store's log lines. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -440,10 +438,10 @@ func (s *Store) commitWith(batch []*request, later []func(*Tx) error) error {
 				return err
 			}
 		}
-		if s.opts.FailCommit != nil {
-			if err := s.opts.FailCommit(); err != nil {
-				return err
-			}
+		// Fault injection (failpoints builds only): a failed or slow
+		// commit, as a disk would have.
+		if err := failpoint.Err(failpoint.Commit); err != nil {
+			return err
 		}
 		hooks = tx.hooks
 		return nil

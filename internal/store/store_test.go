@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/failpoint"
+
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/edge-agent/edge-agent/wire"
@@ -139,13 +141,14 @@ func TestLastFenceNeverMovesBack(t *testing.T) {
 
 func TestInjectedCommitFailureStopsTheStore(t *testing.T) {
 	var n int
-	s := openTest(t, &Options{FailCommit: func() error {
+	failCommits(t, func() error {
 		n++
 		if n == 2 {
 			return errors.New("disk on fire")
 		}
 		return nil
-	}})
+	})
+	s := openTest(t, nil)
 	ctx := context.Background()
 	if err := s.Update(ctx, func(tx *Tx) error { return tx.PutDevice("a", Device{LastFence: 1}) }); err != nil {
 		t.Fatal(err)
@@ -598,13 +601,14 @@ func TestCloseReportsAFailedFinalCommit(t *testing.T) {
 	var arm atomic.Bool
 	var injected atomic.Int64
 	path := filepath.Join(t.TempDir(), "agent.db")
-	s, err := Open(path, &Options{FailCommit: func() error {
+	failCommits(t, func() error {
 		if arm.Load() {
 			injected.Add(1)
 			return errors.New("disk on fire at close")
 		}
 		return nil
-	}})
+	})
+	s, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -675,4 +679,16 @@ func TestLaterRacingCloseIsCommittedOrDropped(t *testing.T) {
 			t.Fatalf("run %d: %d Later updates left queued after Close", i, left)
 		}
 	}
+}
+
+// failCommits makes every commit call f first, a non-nil error failing it
+// as a disk would (the failpoint "commit"); the test is skipped in a build
+// without failpoints (make test builds with them).
+func failCommits(t *testing.T, f func() error) {
+	t.Helper()
+	restore, err := failpoint.SetFunc(failpoint.Commit, f)
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(restore)
 }
