@@ -292,6 +292,16 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 		case stepGone:
 			return true, nil // the operator's transaction left the inbox
 		case StepSend:
+			if rt.rb != nil && !o.WasUnknown {
+				// Read back: the points the write sets are read first,
+				// and the reading goes into the pending record with the
+				// key (durable before the write: a recovered write can
+				// still be read back).
+				if next := w.reading(rt, &o); next.Step != StepSend {
+					dec = next
+					continue
+				}
+			}
 			// Invariant 3: last_fence and the pending record, with the
 			// key of the write, are durable before anything is sent.
 			if err := w.pend(rt, &o, dec.Raise); err != nil {
@@ -310,6 +320,10 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 			dec = Decision{Step: StepAsk}
 		case StepAsk:
 			if dec, state, err = w.ask(rt, &o); err != nil {
+				return false, err
+			}
+		case StepHold:
+			if dec, state, err = w.holdReadBack(rt, &o, dec.Reason); err != nil {
 				return false, err
 			}
 		case StepResend:
@@ -416,7 +430,36 @@ func (a *Agent) keyRand() string {
 
 // writeTimeout bounds one write, all its tries included.
 func writeTimeout(rt *devRT) time.Duration {
+	if b, ok := rt.drv.(device.Bounded); ok {
+		w, _ := b.Bounds(rt.cfg.ID)
+		return w
+	}
 	return time.Duration(*rt.cfg.Driver.Retries+1)*(rt.cfg.Driver.Timeout.D()+500*time.Millisecond) + time.Second
+}
+
+// queryTimeout bounds one query (or read-back).
+func queryTimeout(rt *devRT) time.Duration {
+	if b, ok := rt.drv.(device.Bounded); ok {
+		_, q := b.Bounds(rt.cfg.ID)
+		return q
+	}
+	return rt.cfg.Driver.Timeout.D()
+}
+
+// reading reads the points o's write sets (a device that is read back)
+// into o.Before, and decides with AfterReading.
+func (w *worker) reading(rt *devRT, o *store.Op) Decision {
+	ctx, cancel := context.WithTimeout(w.a.ctx, writeTimeout(rt))
+	defer cancel()
+	before, err := rt.rb.Before(ctx, w.devWrite(o))
+	o.Before = before
+	return AfterReading(o, err)
+}
+
+// devWrite is o's write as the driver sees it.
+func (w *worker) devWrite(o *store.Op) device.Write {
+	return device.Write{Device: o.Device, OpID: o.OpID, Key: o.Key, Fence: o.Fence, Action: o.Action,
+		Params: o.ParamsSent, Before: o.Before}
 }
 
 // write sends o (pending under o.Key) and classifies its outcome.
@@ -429,8 +472,7 @@ func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, writeTimeout(rt))
 	start := time.Now()
-	res := rt.drv.Apply(ctx, device.Write{Device: o.Device, OpID: o.OpID, Key: o.Key,
-		Fence: o.Fence, Action: o.Action, Params: o.ParamsSent})
+	res := rt.drv.Apply(ctx, w.devWrite(o))
 	cancel()
 	a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
 	a.crash("after_write", o.OpID)
@@ -473,8 +515,14 @@ func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) 
 		return w.hold(o)
 	}
 	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(a.ctx, rt.cfg.Driver.Timeout.D())
-		q, err := rt.drv.Query(ctx, o.Device, o.Key)
+		ctx, cancel := context.WithTimeout(a.ctx, queryTimeout(rt))
+		var q device.QueryResult
+		var err error
+		if rt.rb != nil {
+			q, err = rt.rb.ReadBack(ctx, w.devWrite(o))
+		} else {
+			q, err = rt.drv.Query(ctx, o.Device, o.Key)
+		}
 		cancel()
 		if err == nil {
 			return AfterQuery(a.rules(rt), o, q, a.now()), q.State, nil
@@ -520,6 +568,32 @@ func (w *worker) hold(o *store.Op) (Decision, json.RawMessage, error) {
 			return Decision{Step: stepGone}, nil, nil
 		}
 	}
+}
+
+// holdReadBack holds a write a read-back could not decide for an
+// operator (invariant 6: unknown is never treated as failure): its record
+// stays unknown with reason, which holds both readings (recorded and
+// published unknown first if it was pending: a write recovered at
+// start-up), and the resolve API accepts it while it is held.
+func (w *worker) holdReadBack(rt *devRT, o *store.Op, reason string) (Decision, json.RawMessage, error) {
+	a := w.a
+	rt.pending.Store(1)
+	defer rt.pending.Store(0)
+	if o.Status != store.OpUnknown {
+		if err := w.markUnknown(o, reason); err != nil {
+			return Decision{}, nil, err
+		}
+	} else {
+		o.Reason = reason
+		if err := a.st.Update(context.Background(), func(tx *store.Tx) error { return tx.PutOp(*o) }); err != nil {
+			return Decision{}, nil, err
+		}
+	}
+	a.log.Warn("read-back could not decide an unknown write; held for an operator", "device", o.Device, "op_id", o.OpID, "reason", reason)
+	op := o.OpID
+	rt.held.Store(&op)
+	defer rt.held.Store(nil)
+	return w.hold(o)
 }
 
 // end records dec's outcome and the inbox entry's removal in one
