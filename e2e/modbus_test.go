@@ -225,3 +225,27 @@ func TestModbusCrashRecoveredByReadBack(t *testing.T) {
 		})
 	}
 }
+
+// Without verify: readback a Modbus device cannot be asked: an unknown
+// write holds it until an operator resolves it, as queryable: false does.
+func TestModbusWithoutReadBackHoldsForTheOperator(t *testing.T) {
+	d := modbusPump("pump-7")
+	d.modbus = strings.Replace(strings.Replace(d.modbus, "      verify: readback\n", "", 1), "      settle: 1500ms\n", "", 1)
+	e := newEnv(t, d)
+	e.start()
+	setFaults(t, e.sim, sim.Faults{Device: "pump-7", HangAfterApply: true})
+	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
+	want(t, e.result("op-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
+	setFaults(t, e.sim, sim.Faults{})
+	e.send("pump-7", cmd("op-2", 3, "set", `{"rpm":400}`))
+	testkit.Eventually(t, 10*time.Second, "the write is held", func() bool {
+		_, b := e.admin("/v1/devices/pump-7")
+		return strings.Contains(string(b), `"pending":1`)
+	})
+	if e.res.count("op-1") != 1 || e.res.count("op-2") != 0 {
+		t.Fatal("something was decided without the operator")
+	}
+	resolve(t, e, "pump-7", "op-1", true)
+	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
+	want(t, e.final("op-2"), wire.StatusApplied, wire.CodeOK)
+}
