@@ -249,3 +249,28 @@ func TestModbusWithoutReadBackHoldsForTheOperator(t *testing.T) {
 	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
 	want(t, e.final("op-2"), wire.StatusApplied, wire.CodeOK)
 }
+
+// The policy sees a Modbus device's state as read from its registers, in
+// the same shape as an HTTP device's: ramp-limit judges each step from the
+// rpm the pump's register holds, also after a third party changed it.
+func TestModbusStateReachesThePolicy(t *testing.T) {
+	dir := plugins(t)
+	e := newEnv(t, withPolicy(modbusPump("pump-7"), "ramp-limit", `{param: rpm, max_step: 200}`))
+	e.extra = "plugins:\n  dir: " + dir + "\n"
+	e.start()
+	e.send("pump-7", cmd("p-1", 1, "set", `{"rpm":200}`))
+	want(t, e.final("p-1"), wire.StatusApplied, wire.CodeOK)
+	e.send("pump-7", cmd("p-2", 1, "set", `{"rpm":600}`))
+	want(t, e.final("p-2"), wire.StatusRejected, wire.CodePolicyDenied)
+	e.send("pump-7", cmd("p-3", 1, "set", `{"rpm":400}`))
+	want(t, e.final("p-3"), wire.StatusApplied, wire.CodeOK)
+	// The state is the one read after the last applied write (the last
+	// confirmed state as the agent knows it): a third party's write in
+	// between is not seen by the policy (400 -> 500 is allowed), and the
+	// state read after the next write shows the pump's register again.
+	thirdParty(t, e.sim, "pump-7", 1000)
+	e.send("pump-7", cmd("p-4", 1, "set", `{"rpm":500}`))
+	if r := e.final("p-4"); r.Code != wire.CodeOK || string(r.Output) != `{"rpm":500}` {
+		t.Fatalf("p-4: %+v", r)
+	}
+}
