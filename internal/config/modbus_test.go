@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edge-agent/edge-agent/configs"
 )
 
 // The driver block of issue 12, exactly as the contract gives it.
@@ -127,5 +129,19 @@ func TestFitsModbus(t *testing.T) {
 		if err := FitsModbus(tc.typ, tc.v); (err == nil) != tc.ok {
 			t.Errorf("FitsModbus(%s, %v) = %v, want ok %v", tc.typ, tc.v, err, tc.ok)
 		}
+	}
+}
+
+func TestShippedModbusExampleParses(t *testing.T) {
+	c, err := Parse(configs.AgentModbusYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Device("pump-9").Driver
+	if p.Kind != "modbus" || p.Verify != "readback" || p.Settle.D() != 500*time.Millisecond || *p.UnitID != 1 {
+		t.Fatalf("pump-9: %+v", p)
+	}
+	if r := c.Device("relay-9").Driver; r.Verify != "" || *r.UnitID != 2 || r.Timeout.D() != DefaultModbusTimeout {
+		t.Fatalf("relay-9: %+v", r)
 	}
 }
