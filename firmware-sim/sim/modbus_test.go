@@ -277,3 +277,35 @@ func TestModbusJournalSurvivesARestart(t *testing.T) {
 	}
 	newClient(t, s2).query("pump-7", "k1").want(t, 200, "")
 }
+
+// reset_rate and hang_after_apply work for HTTP applies too: closed
+// unapplied (an ops query then tombstones the key), and applied, then held
+// and closed without an answer.
+func TestHTTPResetAndHangAfterApply(t *testing.T) {
+	s := sim.StartForTest(t, devices)
+	c := newClient(t, s)
+	if err := s.SetFaults(sim.Faults{Device: "pump-7", ResetRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c.apply("pump-7", "k1", `{"op_id":"o1","action":"set","params":{"rpm":10}}`).wantDropped(t)
+	c.query("pump-7", "k1").want(t, 404, "")
+	if err := s.SetFaults(sim.Faults{Device: "pump-7", HangAfterApply: true}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan answer, 1)
+	go func() { done <- c.apply("pump-7", "k2", `{"op_id":"o2","action":"set","params":{"rpm":20}}`) }()
+	testkit.Eventually(t, 5*time.Second, "the write is applied while its answer is held", func() bool { return stateOf(t, s, "pump-7") == `{"rpm":20}` })
+	select {
+	case a := <-done:
+		t.Fatalf("answered while held: %+v", a)
+	default:
+	}
+	if err := s.SetFaults(sim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	(<-done).wantDropped(t)
+	c.query("pump-7", "k2").want(t, 200, "")
+	if in := s.Injected(); in.Resets != 1 || in.HeldAfterApply != 1 {
+		t.Fatalf("injected: %+v", in)
+	}
+}
