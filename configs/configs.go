@@ -14,3 +14,9 @@ var AgentYAML []byte
 //
 //go:embed agent-policies.yaml
 var AgentPoliciesYAML []byte
+
+// AgentModbusYAML is configs/agent-modbus.yaml: Modbus TCP devices, one
+// read back after an unknown write, next to an HTTP pump.
+//
+//go:embed agent-modbus.yaml
+var AgentModbusYAML []byte

@@ -57,6 +57,10 @@ type devSpec struct {
 	policy     string // raw YAML of the policy block, indented by 6
 	driver     string // extra raw YAML of the driver block, indented by 6
 	url        string // the driver's url; "": the simulator's
+	// modbus, when set, makes the device kind: modbus on the simulator's
+	// Modbus listener (url and unit_id filled in): the rest of the driver
+	// block, indented by 6.
+	modbus string
 }
 
 func pump(id string) devSpec {
@@ -108,6 +112,14 @@ func newEnv(t testing.TB, devs ...devSpec) *env {
 		types[d.id] = d.typ
 	}
 	e.sim = sim.StartForTest(t, types)
+	for _, d := range devs {
+		if d.modbus != "" {
+			if err := e.sim.StartModbus("127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
 	e.res = newCollector(t, e.broker)
 	e.status = mqtttest.Subscribe(t, e.broker, wire.StatusTopic(wire.DefaultPrefix, gw))
 	e.sender = connect(t, e.broker, fmt.Sprintf("e2e-sender-%d", time.Now().UnixNano()))
@@ -131,12 +143,17 @@ func (e *env) writeConfig() string {
 		if d.group != "" {
 			fmt.Fprintf(&b, "    group: %s\n", d.group)
 		}
-		url := d.url
-		if url == "" {
-			url = e.sim.URL()
+		if d.modbus != "" {
+			u, _ := e.sim.Unit(d.id)
+			fmt.Fprintf(&b, "    driver:\n      kind: modbus\n      url: tcp://%s\n      unit_id: %d\n%s", e.sim.ModbusAddr(), u, d.modbus)
+		} else {
+			url := d.url
+			if url == "" {
+				url = e.sim.URL()
+			}
+			fmt.Fprintf(&b, "    driver:\n      url: %s\n      timeout: %s\n      retries: %d\n      idempotent: %v\n      queryable: %v\n",
+				url, d.timeout, d.retries, d.idempotent, d.queryable)
 		}
-		fmt.Fprintf(&b, "    driver:\n      url: %s\n      timeout: %s\n      retries: %d\n      idempotent: %v\n      queryable: %v\n",
-			url, d.timeout, d.retries, d.idempotent, d.queryable)
 		b.WriteString(d.driver)
 		if d.policy != "" {
 			b.WriteString("    policy:\n" + d.policy)

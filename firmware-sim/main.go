@@ -1,6 +1,6 @@
 // Command firmware-sim is the simulated device firmware of docs/protocol.md §2.
 //
-//	firmware-sim [--listen 127.0.0.1:8081] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve
+//	firmware-sim [--listen 127.0.0.1:8081] [--modbus 127.0.0.1:5020] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve[:UNIT]
 //
 // It serves until SIGINT or SIGTERM. Exit status: 0 on a clean stop, 2 on a
 // usage error, 1 otherwise.
@@ -14,6 +14,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -26,7 +28,8 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("firmware-sim", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8081", "address to serve the device API on")
 	journal := fs.String("journal", "", "append every applied write to this file (fsynced), tombstones to FILE.tombstones; reloaded at start")
-	devices := fs.String("devices", "", "the simulated devices, ID:TYPE,... (TYPE: pump, valve, relay, generic)")
+	devices := fs.String("devices", "", "the simulated devices, ID:TYPE[:UNIT],... (TYPE: pump, valve, relay, generic; UNIT: Modbus unit ID 1..255, default the next free one)")
+	modbusAddr := fs.String("modbus", "", "also serve the devices over Modbus TCP on this address (e.g. 127.0.0.1:5020); \"\": not at all")
 	logLevel := fs.String("log-level", "info", "debug, info (one line per applied write), warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -34,7 +37,7 @@ func run(args []string) int {
 		}
 		return 2
 	}
-	devs, err := parseDevices(*devices)
+	devs, units, err := parseDevices(*devices)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "firmware-sim: --devices: %v\n", err)
 		return 2
@@ -45,7 +48,7 @@ func run(args []string) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	s, err := sim.New(sim.Options{Devices: devs, JournalPath: *journal, Logger: log})
+	s, err := sim.New(sim.Options{Devices: devs, Units: units, JournalPath: *journal, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "firmware-sim: --devices: %v\n", err)
 		return 2
@@ -59,6 +62,15 @@ func run(args []string) int {
 	// The one line on stdout: scripts and tests read the address from it
 	// (useful with --listen 127.0.0.1:0).
 	fmt.Printf("firmware-sim listening on %s\n", s.URL())
+	if *modbusAddr != "" {
+		if err := s.StartModbus(*modbusAddr); err != nil {
+			fmt.Fprintf(os.Stderr, "firmware-sim: --modbus: %v\n", err)
+			s.Close()
+			return 1
+		}
+		// The second line: the Modbus address and each device's unit.
+		fmt.Printf("firmware-sim modbus on %s units %s\n", s.ModbusAddr(), unitList(s, devs))
+	}
 	<-ctx.Done()
 	if err := s.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "firmware-sim: %v\n", err)
@@ -67,21 +79,44 @@ func run(args []string) int {
 	return 0
 }
 
-// parseDevices reads "ID:TYPE,ID:TYPE,...".
-func parseDevices(spec string) (map[string]string, error) {
+// parseDevices reads "ID:TYPE[:UNIT],ID:TYPE[:UNIT],...".
+func parseDevices(spec string) (map[string]string, map[string]int, error) {
 	if strings.TrimSpace(spec) == "" {
-		return nil, errors.New("required, e.g. pump-7:pump,valve-1:valve")
+		return nil, nil, errors.New("required, e.g. pump-7:pump,valve-1:valve")
 	}
-	devs := map[string]string{}
+	devs, units := map[string]string{}, map[string]int{}
 	for item := range strings.SplitSeq(spec, ",") {
-		id, typ, ok := strings.Cut(strings.TrimSpace(item), ":")
+		id, rest, ok := strings.Cut(strings.TrimSpace(item), ":")
+		typ, unit, hasUnit := strings.Cut(rest, ":")
 		if !ok || id == "" || typ == "" {
-			return nil, fmt.Errorf("%q is not ID:TYPE", item)
+			return nil, nil, fmt.Errorf("%q is not ID:TYPE or ID:TYPE:UNIT", item)
 		}
 		if _, dup := devs[id]; dup {
-			return nil, fmt.Errorf("device %s given twice", id)
+			return nil, nil, fmt.Errorf("device %s given twice", id)
 		}
 		devs[id] = typ
+		if hasUnit {
+			u, err := strconv.Atoi(unit)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%q: unit %q is not a number", item, unit)
+			}
+			units[id] = u
+		}
 	}
-	return devs, nil
+	return devs, units, nil
+}
+
+// unitList is "pump-7=1,valve-1=2" in device order.
+func unitList(s *sim.Sim, devs map[string]string) string {
+	ids := make([]string, 0, len(devs))
+	for id := range devs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		u, _ := s.Unit(id)
+		parts[i] = fmt.Sprintf("%s=%d", id, u)
+	}
+	return strings.Join(parts, ",")
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/simonvetter/modbus"
 )
 
 // TestMain lets the test binary stand in for the firmware-sim binary: run
@@ -180,8 +182,67 @@ func TestLogLevelWarnDropsTheWriteLines(t *testing.T) {
 }
 
 func TestParseDevices(t *testing.T) {
-	got, err := parseDevices(" pump-7:pump, valve-1:valve ")
+	got, units, err := parseDevices(" pump-7:pump, valve-1:valve:9 ")
 	if err != nil || len(got) != 2 || got["pump-7"] != "pump" || got["valve-1"] != "valve" {
 		t.Fatalf("parseDevices = %v, %v", got, err)
+	}
+	if len(units) != 1 || units["valve-1"] != 9 {
+		t.Fatalf("units = %v", units)
+	}
+	if _, _, err := parseDevices("p:pump:x"); err == nil || !strings.Contains(err.Error(), `unit "x"`) {
+		t.Fatalf("a bad unit: %v", err)
+	}
+}
+
+// TestModbusFlag: --modbus serves the devices over Modbus TCP, and the
+// second stdout line says where and which unit each device is.
+func TestModbusFlag(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "--listen", "127.0.0.1:0", "--modbus", "127.0.0.1:0", "--devices", "p:pump,v:valve:7", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	lines := make(chan []string, 1)
+	go func() {
+		r := bufio.NewReader(stdout)
+		a, _ := r.ReadString('\n')
+		b, _ := r.ReadString('\n')
+		lines <- []string{a, b}
+		io.Copy(io.Discard, stdout)
+	}()
+	var l []string
+	select {
+	case l = <-lines:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no stdout lines within 30s")
+	}
+	rest, ok := strings.CutPrefix(strings.TrimSpace(l[1]), "firmware-sim modbus on ")
+	addr, units, ok2 := strings.Cut(rest, " units ")
+	if !ok || !ok2 || units != "p=1,v=7" {
+		t.Fatalf("second stdout line = %q", l[1])
+	}
+	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "tcp://" + addr, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Open(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetUnitId(7)
+	if err := c.WriteRegister(0, 55); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.ReadRegister(0, modbus.HOLDING_REGISTER); err != nil || v != 55 {
+		t.Fatalf("valve register 0 = %d, %v", v, err)
 	}
 }

@@ -1,5 +1,5 @@
 // Command edge-bench is the end-to-end benchmark of `make bench`: for 1, 8
-// and 64 devices it measures commands per second and p50/p99 latency from
+// and 64 devices (-devices) it measures commands per second and p50/p99 latency from
 // publishing a command to receiving its Result through a real mosquitto
 // (started with configs/mosquitto.conf), for edge-agent, for an echo
 // baseline that answers each command without doing anything (same broker,
@@ -7,7 +7,10 @@
 // command to firmware-sim before answering; it prints the ratios and the
 // CPU every process spent per command. Each device's controller keeps one
 // command in flight, as an owner does (docs/design.md: the next command only
-// after the previous one has its final Result).
+// after the previous one has its final Result). Then, for 1 and 8 devices
+// (-modbus-devices), it measures edge-agent with the same commands over
+// HTTP, over Modbus TCP and over Modbus TCP with verify: readback
+// (modbus.go).
 package main
 
 import (
@@ -45,6 +48,7 @@ const gw = "bench"
 func main() {
 	dur := flag.Duration("duration", 5*time.Second, "measuring time per run")
 	devs := flag.String("devices", "1,8,64", "device counts")
+	mbDevs := flag.String("modbus-devices", "1,8", "device counts of the Modbus table: edge-agent over HTTP, over Modbus TCP, and over Modbus TCP with verify: readback, with the same commands (\"\": none)")
 	out := flag.String("out", "", "append a Markdown table to this file")
 	prof := flag.String("cpuprofile", "", "write a CPU profile of this process here (with -inprocess: of everything but mosquitto)")
 	comps := flag.Bool("components", false, "with -inprocess -cpuprofile: after the runs, print the agent's CPU per command by component, from the profile (run one device count, e.g. -devices 64)")
@@ -85,7 +89,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "edge-bench: -components needs -inprocess and -cpuprofile")
 		os.Exit(2)
 	}
-	if err := run(*dur, *devs, *out); err != nil {
+	if err := run(*dur, *devs, *mbDevs, *out); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "edge-bench:", err)
 		os.Exit(1)
@@ -142,7 +146,7 @@ func cpuCell(st stats) string {
 	return b.String()
 }
 
-func run(dur time.Duration, devList, out string) error {
+func run(dur time.Duration, devList, mbList, out string) error {
 	tmp, err := os.MkdirTemp("", "edge-bench")
 	if err != nil {
 		return err
@@ -168,7 +172,7 @@ func run(dur time.Duration, devList, out string) error {
 	var floorLine string
 	var rows []string
 	fmt.Printf("%-8s %-12s %10s %9s %9s\n", "devices", "target", "cmds/s", "p50", "p99")
-	for _, f := range strings.Split(devList, ",") {
+	for _, f := range splitList(devList) {
 		var n int
 		fmt.Sscan(f, &n)
 		var res [3]stats
@@ -203,6 +207,10 @@ func run(dur time.Duration, devList, out string) error {
 			ag.perSec/e.perSec, ag.perSec/de.perSec))
 		rows = append(rows, fmt.Sprintf("|  | %s | | %s | | %s | | | | |", cpuCell(e), cpuCell(de), cpuCell(ag)))
 	}
+	mbRows, err := runModbus(broker, bins, tmp, dur, mbList)
+	if err != nil {
+		return err
+	}
 	if out != "" {
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err != nil {
@@ -214,15 +222,18 @@ func run(dur time.Duration, devList, out string) error {
 		if inProcess {
 			how, flags = "everything in one process", " -inprocess"
 		}
-		fmt.Fprintf(f, "\nEnd to end through mosquitto (%s), %s per run, `go run ./cmd/edge-bench%s -duration %s -devices %s`, %s:\n\n", how, dur, flags, dur, devList, time.Now().UTC().Format("2006-01-02"))
-		fmt.Fprintln(f, "| devices | echo cmds/s | echo p50 | device-echo cmds/s | device-echo p50 | agent cmds/s | agent p50 | agent p99 | agent/echo | agent/device-echo |")
-		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|")
-		for _, r := range rows {
-			fmt.Fprintln(f, r)
+		if len(rows) > 0 {
+			fmt.Fprintf(f, "\nEnd to end through mosquitto (%s), %s per run, `go run ./cmd/edge-bench%s -duration %s -devices %s`, %s:\n\n", how, dur, flags, dur, devList, time.Now().UTC().Format("2006-01-02"))
+			fmt.Fprintln(f, "| devices | echo cmds/s | echo p50 | device-echo cmds/s | device-echo p50 | agent cmds/s | agent p50 | agent p99 | agent/echo | agent/device-echo |")
+			fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|")
+			for _, r := range rows {
+				fmt.Fprintln(f, r)
+			}
 		}
 		if floorLine != "" {
 			fmt.Fprintln(f, "\n"+floorLine)
 		}
+		writeModbusTable(f, how, flags, dur, mbList, mbRows)
 	}
 	return nil
 }
@@ -230,9 +241,10 @@ func run(dur time.Duration, devList, out string) error {
 // agentTarget runs edge-agent in-process against the broker, with a
 // firmware simulator for its devices (-inprocess).
 type agentTarget struct {
-	dir string
-	a   *app.App
-	fw  *sim.Sim
+	dir  string
+	kind kind
+	a    *app.App
+	fw   *sim.Sim
 }
 
 func (t *agentTarget) start(broker string, n int) error {
@@ -240,7 +252,14 @@ func (t *agentTarget) start(broker string, n int) error {
 	if t.fw, err = startSimInProcess(n); err != nil {
 		return err
 	}
-	cfg, err := config.Parse([]byte(agentYAML(t.dir, broker, "", t.fw.URL(), n)))
+	yaml := agentYAML(t.dir, broker, "", t.fw.URL(), n)
+	if t.kind.modbus() {
+		if err := t.fw.StartModbus("127.0.0.1:0"); err != nil {
+			return err
+		}
+		yaml = modbusYAML(t.dir, broker, "", t.fw.ModbusAddr(), n, t.kind == agentReadBackKind)
+	}
+	cfg, err := config.Parse([]byte(yaml))
 	if err != nil {
 		return err
 	}
@@ -368,11 +387,12 @@ func agentYAML(dataDir, broker, admin, simURL string, n int) string {
 // startSimInProcess runs a firmware simulator of n generic devices d0.. in
 // this process.
 func startSimInProcess(n int) (*sim.Sim, error) {
-	types := map[string]string{}
+	types, units := map[string]string{}, map[string]int{}
 	for i := 0; i < n; i++ {
 		types[fmt.Sprintf("d%d", i)] = "generic"
+		units[fmt.Sprintf("d%d", i)] = i + 1
 	}
-	fw, err := sim.New(sim.Options{Devices: types})
+	fw, err := sim.New(sim.Options{Devices: types, Units: units})
 	if err != nil {
 		return nil, err
 	}
@@ -388,25 +408,32 @@ type target struct {
 	bins string // "" with -inprocess
 	kind kind
 	dir  string
+	// small: the commands carry {"v":N} (a register's value) instead of
+	// {"seq":N,"pad":"x..."}, so the same commands suit HTTP and Modbus.
+	small bool
 }
 
 // kind is what answers the commands.
 type kind int
 
 const (
-	echoKind       kind = iota // answers at once
-	deviceEchoKind             // forwards each command to firmware-sim, then answers
-	agentKind                  // edge-agent
+	echoKind          kind = iota // answers at once
+	deviceEchoKind                // forwards each command to firmware-sim, then answers
+	agentKind                     // edge-agent
+	agentModbusKind               // edge-agent, its devices over Modbus TCP
+	agentReadBackKind             // edge-agent, over Modbus TCP with verify: readback
 )
 
 func (k kind) String() string {
-	return [...]string{"echo", "device-echo", "edge-agent"}[k]
+	return [...]string{"echo", "device-echo", "edge-agent", "agent-modbus", "agent-mb-rb"}[k]
 }
+
+func (k kind) modbus() bool { return k == agentModbusKind || k == agentReadBackKind }
 
 func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	switch {
-	case inProcess && t.kind == agentKind:
-		at := &agentTarget{dir: t.dir}
+	case inProcess && (t.kind == agentKind || t.kind.modbus()):
+		at := &agentTarget{dir: t.dir, kind: t.kind}
 		if err := at.start(broker, n); err != nil {
 			return nil, err
 		}
@@ -424,10 +451,10 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 		return func() { stop(); fw.Close() }, nil
 	case inProcess:
 		return startEcho(broker, "", 0)
-	case t.kind == agentKind:
-		return startAgentProcesses(t.bins, t.dir, broker, n, m)
+	case t.kind == agentKind || t.kind.modbus():
+		return startAgentProcesses(t.bins, t.dir, broker, n, m, t.kind)
 	case t.kind == deviceEchoKind:
-		url, stopSim, err := startSimProcess(t.bins, n, m)
+		url, _, stopSim, err := startSimProcess(t.bins, n, m, false)
 		if err != nil {
 			return nil, err
 		}
@@ -497,8 +524,11 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 			dev := fmt.Sprintf("d%d", d)
 			for i := 0; time.Now().Before(end); i++ {
 				op := fmt.Sprintf("%d-%d-%d", run, d, i)
-				b, _ := json.Marshal(wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply,
-					Params: json.RawMessage(fmt.Sprintf(`{"seq":%d,"pad":"%s"}`, i, strings.Repeat("x", 120)))})
+				params := fmt.Sprintf(`{"seq":%d,"pad":"%s"}`, i, strings.Repeat("x", 120))
+				if t.small {
+					params = fmt.Sprintf(`{"v":%d}`, i%60000)
+				}
+				b, _ := json.Marshal(wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply, Params: json.RawMessage(params)})
 				done := make(chan struct{})
 				mu.Lock()
 				waiting[op] = done

@@ -54,14 +54,18 @@ func startEchoProcess(broker, deviceURL string, n int, m *cpuMeter) (func(), err
 	return func() { in.Close(); waitOrKill(cmd, 5*time.Second) }, nil
 }
 
-// startSimProcess runs firmware-sim with n generic devices d0.. and
-// returns its URL.
-func startSimProcess(bins string, n int, m *cpuMeter) (string, func(), error) {
+// startSimProcess runs firmware-sim with n generic devices d0.. (unit IDs
+// 1..n) and returns its URL and, with modbus, its Modbus TCP address.
+func startSimProcess(bins string, n int, m *cpuMeter, modbus bool) (string, string, func(), error) {
 	var devs []string
 	for i := 0; i < n; i++ {
-		devs = append(devs, fmt.Sprintf("d%d:generic", i))
+		devs = append(devs, fmt.Sprintf("d%d:generic:%d", i, i+1))
 	}
-	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--log-level", "warn", "--devices", strings.Join(devs, ","))
+	args := []string{"--listen", "127.0.0.1:0", "--log-level", "warn", "--devices", strings.Join(devs, ",")}
+	if modbus {
+		args = append(args, "--modbus", "127.0.0.1:0")
+	}
+	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), args...)
 	// The simulator stands in for device firmware, which runs on hardware
 	// of its own, not on the gateway's cores: one P keeps its share of
 	// this machine's two cores small (65 against 77 us of CPU per
@@ -70,30 +74,40 @@ func startSimProcess(bins string, n int, m *cpuMeter) (string, func(), error) {
 	simCmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	out, err := simCmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", "", nil, err
 	}
 	if err := simCmd.Start(); err != nil {
-		return "", nil, err
+		return "", "", nil, err
 	}
-	line, err := bufio.NewReader(out).ReadString('\n')
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
 	url := strings.TrimSpace(strings.TrimPrefix(line, "firmware-sim listening on "))
 	if err != nil || !strings.HasPrefix(url, "http://") {
 		waitOrKill(simCmd, time.Second)
-		return "", nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
+		return "", "", nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
 	}
-	go io.Copy(io.Discard, out)
+	var mbAddr string
+	if modbus {
+		line, err = r.ReadString('\n')
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "firmware-sim modbus on ")
+		if mbAddr, _, _ = strings.Cut(rest, " "); err != nil || !ok {
+			waitOrKill(simCmd, time.Second)
+			return "", "", nil, fmt.Errorf("firmware-sim's Modbus listener did not start: %q %v", line, err)
+		}
+	}
+	go io.Copy(io.Discard, r)
 	m.add("firmware-sim", simCmd.Process.Pid)
-	return url, func() { waitOrKill(simCmd, 5*time.Second) }, nil
+	return url, mbAddr, func() { waitOrKill(simCmd, 5*time.Second) }, nil
 }
 
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
 // a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), error) {
+func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter, k kind) (func(), error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	url, stopSim, err := startSimProcess(bins, n, m)
+	url, mbAddr, stopSim, err := startSimProcess(bins, n, m, k.modbus())
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +119,11 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 	admin := l.Addr().String()
 	l.Close()
 	cfg := filepath.Join(dir, "agent.yaml")
-	if err := os.WriteFile(cfg, []byte(agentYAML(filepath.Join(dir, "data"), broker, admin, url, n)), 0o600); err != nil {
+	yaml := agentYAML(filepath.Join(dir, "data"), broker, admin, url, n)
+	if k.modbus() {
+		yaml = modbusYAML(filepath.Join(dir, "data"), broker, admin, mbAddr, n, k == agentReadBackKind)
+	}
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		stopSim()
 		return nil, err
 	}

@@ -25,6 +25,9 @@ var (
 	// ErrBadFaults is returned by SetFaults for a rate outside 0..1 or a
 	// negative latency.
 	ErrBadFaults = errors.New("sim: invalid faults")
+	// ErrBadUnit is returned by New for a Modbus unit ID outside 1..255,
+	// given twice, or given to a device not simulated.
+	ErrBadUnit = errors.New("sim: invalid Modbus unit")
 )
 
 // Errors of the journal (Open, Start).

@@ -28,6 +28,16 @@ type Faults struct {
 	// is cleared, then closes its connection unapplied. A held write never
 	// takes effect, so an ops query does not wait for it.
 	Hang bool `json:"hang"`
+	// ResetRate is the fraction of writes whose connection is closed
+	// without an answer and without applying them (a connection reset).
+	ResetRate float64 `json:"reset_rate,omitempty"`
+	// HangAfterApply applies each write, then holds its answer until the
+	// fault is cleared, then closes the connection without answering (no
+	// response after applying).
+	HangAfterApply bool `json:"hang_after_apply,omitempty"`
+	// Exception (Modbus only) answers each write with this exception code
+	// without applying it: 1, 2, 3, 4, 5, 6, 8, 10 or 11. 0: none.
+	Exception int `json:"exception,omitempty"`
 }
 
 func (f Faults) validate() error {
@@ -37,10 +47,15 @@ func (f Faults) validate() error {
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"error_rate", f.ErrorRate}, {"drop_response_rate", f.DropResponseRate}} {
+	}{{"error_rate", f.ErrorRate}, {"drop_response_rate", f.DropResponseRate}, {"reset_rate", f.ResetRate}} {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("%w: %s must be 0..1, got %v", ErrBadFaults, r.name, r.v)
 		}
+	}
+	switch f.Exception {
+	case 0, 1, 2, 3, 4, 5, 6, 8, 10, 11:
+	default:
+		return fmt.Errorf("%w: exception must be a Modbus exception code (1, 2, 3, 4, 5, 6, 8, 10, 11), got %d", ErrBadFaults, f.Exception)
 	}
 	return nil
 }
@@ -55,6 +70,10 @@ type FaultCounts struct {
 	Errors  int // applies answered 503 by error_rate
 	Dropped int // applies whose connection was closed by drop_response_rate
 	Held    int // applies held by hang (each closed unapplied)
+	// Resets: writes closed unapplied by reset_rate; HeldAfterApply:
+	// writes applied and then held by hang_after_apply; Exceptions:
+	// Modbus writes answered with the exception fault.
+	Resets, HeldAfterApply, Exceptions int
 }
 
 // faultTable is what POST /v1/faults has set: one setting for every device

@@ -103,7 +103,12 @@ func (s *Sim) handleApply(w http.ResponseWriter, r *http.Request) {
 
 	if f.Hang {
 		s.bump(func(c *FaultCounts) { c.Held++ })
-		s.hold(r.Context(), d.id)
+		s.hold(r.Context(), d.id, func(f Faults) bool { return f.Hang })
+		dropConnection(w)
+		return
+	}
+	if hit(f.ResetRate) {
+		s.bump(func(c *FaultCounts) { c.Resets++ })
 		dropConnection(w)
 		return
 	}
@@ -170,6 +175,12 @@ func (s *Sim) handleApply(w http.ResponseWriter, r *http.Request) {
 		s.log.Debug("repeated key answered from its stored answer", "device", d.id, "key", key, "code", code)
 	}
 
+	if f.HangAfterApply {
+		s.bump(func(c *FaultCounts) { c.HeldAfterApply++ })
+		s.hold(r.Context(), d.id, func(f Faults) bool { return f.HangAfterApply })
+		dropConnection(w)
+		return
+	}
 	if hit(f.DropResponseRate) {
 		s.bump(func(c *FaultCounts) { c.Dropped++ })
 		dropConnection(w)
@@ -258,12 +269,15 @@ func (s *Sim) abandonLocked(d *device, key string, mine *op) {
 	close(mine.done)
 }
 
-// hold waits while dev's faults say hang, until the client or the
-// simulator gives up.
-func (s *Sim) hold(ctx context.Context, dev string) {
+// hold waits while on(dev's faults) holds (hang, hang_after_apply), until
+// the client (ctx; nil: never) or the simulator gives up.
+func (s *Sim) hold(ctx context.Context, dev string, on func(Faults) bool) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	for {
 		s.mu.Lock()
-		hang, changed := s.faults.of(dev).Hang, s.faultsChanged
+		hang, changed := on(s.faults.of(dev)), s.faultsChanged
 		s.mu.Unlock()
 		if !hang {
 			return

@@ -21,7 +21,10 @@ type Entry struct {
 	Fence  int64           `json:"fence"`
 	Action string          `json:"action"`
 	Params json.RawMessage `json:"params"`
-	At     time.Time       `json:"at"`
+	// Modbus is where a write that arrived over Modbus came from (its
+	// OpID, Key and Fence are then empty: Modbus carries none).
+	Modbus *ModbusWrite `json:"modbus,omitempty"`
+	At     time.Time    `json:"at"`
 }
 
 // tombstone is one line of the tombstones file: a key that an ops query

@@ -25,6 +25,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/simonvetter/modbus"
 )
 
 // Options configure a simulator. Nil maps and empty strings mean what each
@@ -41,6 +43,10 @@ type Options struct {
 	JournalPath string
 	// Logger receives one line per write decided; nil discards them.
 	Logger *slog.Logger
+	// Units gives devices their Modbus unit IDs (1..255). A device not
+	// in it gets the lowest free unit, in device ID order (nil: the
+	// devices get 1, 2, 3, ... in ID order).
+	Units map[string]int
 }
 
 var deviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
@@ -67,11 +73,15 @@ type Sim struct {
 	jfile, tfile  *os.File
 	srv           *http.Server
 	ln            net.Listener
-	handlers      sync.WaitGroup // requests being served; Close waits for them
+	mb            *modbus.ModbusServer // StartModbus
+	mbAddr        string
+	units         map[uint8]*device // by Modbus unit ID; fixed by New
+	handlers      sync.WaitGroup    // requests being served; Close waits for them
 }
 
 type device struct {
 	id, typ  string
+	unit     uint8 // Modbus unit ID
 	state    state
 	ops      map[string]*op // by key
 	requests map[string]int // apply requests received, by key
@@ -123,6 +133,9 @@ func New(opts Options) (*Sim, error) {
 			return nil, fmt.Errorf("device %s: %w %q (want pump, valve, relay or generic)", id, ErrUnknownType, typ)
 		}
 		s.devices[id] = &device{id: id, typ: typ, state: initialState(typ), ops: map[string]*op{}, requests: map[string]int{}}
+	}
+	if err := s.assignUnits(opts.Units, slices.Sorted(maps.Keys(opts.Devices))); err != nil {
+		return nil, err
 	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/devices/{dev}/apply", s.handleApply)
@@ -189,7 +202,7 @@ func (s *Sim) load() error {
 			s.log.Warn("journal names a device not simulated now", "device", e.Device, "seq", e.Seq)
 			continue
 		}
-		if _, seen := d.ops[e.Key]; seen {
+		if _, seen := d.ops[e.Key]; seen && e.Key != "" {
 			continue // a key is applied once; the first line is its answer
 		}
 		_, members, err := decodeParams(e.Params)
@@ -201,6 +214,9 @@ func (s *Sim) load() error {
 		}
 		if err != nil {
 			s.log.Warn("journal write does not replay on this device type", "device", e.Device, "type", d.typ, "seq", e.Seq, "err", err)
+		}
+		if e.Key == "" {
+			continue // a Modbus write: no key to answer
 		}
 		st := d.state.JSON()
 		d.ops[e.Key] = &op{status: opApplied, opID: e.OpID, code: http.StatusOK, answer: applyAnswer(st), state: st}
@@ -304,8 +320,11 @@ func (s *Sim) Close() error {
 	}
 	s.closed = true
 	close(s.closing)
-	srv := s.srv
+	srv, mb := s.srv, s.mb
 	s.mu.Unlock()
+	if mb != nil {
+		mb.Stop() // closes the listener and every connection; held handlers see closing
+	}
 
 	var errs []error
 	if srv != nil {
@@ -395,7 +414,7 @@ func (s *Sim) SetFaults(f Faults) error {
 	close(s.faultsChanged)
 	s.faultsChanged = make(chan struct{})
 	s.log.Info("faults set", "device", f.Device, "latency_ms", f.LatencyMS, "error_rate", f.ErrorRate,
-		"drop_response_rate", f.DropResponseRate, "hang", f.Hang)
+		"drop_response_rate", f.DropResponseRate, "hang", f.Hang, "reset_rate", f.ResetRate, "hang_after_apply", f.HangAfterApply, "exception", f.Exception)
 	return nil
 }
 

@@ -71,7 +71,10 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 	if rt == nil {
 		return wire.Result{}, fmt.Errorf("%w: %s", ErrUnknownDevice, dev)
 	}
-	if rt.drv.Queryable(dev) {
+	if rt.drv.Queryable(dev) && rt.heldOp() != op {
+		// A device that can be asked is resolved by the agent, except a
+		// write a read-back could not decide: that one is held for an
+		// operator (worker.holdReadBack).
 		return wire.Result{}, fmt.Errorf("%w: %s", ErrQueryable, dev)
 	}
 	dec := Operator(applied)

@@ -108,6 +108,20 @@ type devRT struct {
 	lastFence atomic.Int64
 	pending   atomic.Int32 // 1 while the device has an unresolved write
 	drv       device.Driver
+	// rb is drv as a ReadBacker when the device is read back (verify:
+	// readback), else nil.
+	rb device.ReadBacker
+	// held is the op_id of a write a read-back could not decide, while
+	// the worker holds it for an operator ("": none).
+	held atomic.Pointer[string]
+}
+
+// heldOp is the write held for an operator after a read-back, "" if none.
+func (rt *devRT) heldOp() string {
+	if p := rt.held.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // New builds an Agent; it does no I/O.
@@ -148,7 +162,11 @@ func New(o Options) (*Agent, error) {
 		}
 		w.devs = append(w.devs, d.ID)
 		w.limit += int64(*d.Queue) // a group's limit is the sum of its members' queues
-		a.devs[d.ID] = &devRT{cfg: d, w: w, drv: drv}
+		rt := &devRT{cfg: d, w: w, drv: drv}
+		if rb, ok := drv.(device.ReadBacker); ok && rb.ReadsBack(d.ID) {
+			rt.rb = rb
+		}
+		a.devs[d.ID] = rt
 	}
 	a.pub = newPublisher(a)
 	return a, nil

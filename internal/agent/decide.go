@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -39,6 +40,12 @@ const (
 	// StepResend: the device confirmed the last key was not applied (and
 	// will never be): wait, then send the operation again under a new key.
 	StepResend
+	// StepHold: a read-back could not decide (the device holds a value
+	// that is neither the intended one nor the one from before the
+	// write): the write stays unknown, its record keeps both readings
+	// (Reason), and it is held for an operator like a write on a device
+	// that cannot be asked.
+	StepHold
 )
 
 func (s Step) String() string {
@@ -55,6 +62,8 @@ func (s Step) String() string {
 		return "ask"
 	case StepResend:
 		return "resend"
+	case StepHold:
+		return "hold"
 	}
 	return fmt.Sprintf("Step(%d)", int(s))
 }
@@ -63,7 +72,7 @@ func (s Step) String() string {
 type Decision struct {
 	Step   Step
 	Code   wire.Code // StepEnd: the outcome's code
-	Reason string    // StepEnd and StepUnknown: one sentence for the Result
+	Reason string    // StepEnd, StepUnknown and StepHold: one sentence for the Result or the record
 	// Raise: last_fence is raised to the command's fence in the
 	// transaction that records this step (docs/protocol.md: the pending record
 	// or policy_denied, and policy_error, which passed the fence check).
@@ -213,8 +222,12 @@ func AfterWrite(o *store.Op, res device.WriteResult) Decision {
 // AfterQuery is the device's answer about an unresolved write's key:
 // applied -> ok; not applied (the key is now tombstoned) -> expired once
 // expires_at has passed, failed/not_applied once the resends are used up,
-// else a resend under a new key.
+// else a resend under a new key. A read-back's readings are decided by
+// AfterReadBack.
 func AfterQuery(r DeviceRules, o *store.Op, q device.QueryResult, now time.Time) Decision {
+	if q.ReadBack != nil {
+		return AfterReadBack(o, *q.ReadBack)
+	}
 	switch {
 	case q.Applied:
 		return applied(o)
@@ -224,6 +237,46 @@ func AfterQuery(r DeviceRules, o *store.Op, q device.QueryResult, now time.Time)
 		return end(wire.CodeNotApplied, "%s confirmed that the write was not applied, %d times; not resent again (driver.resends: %d)", o.Device, o.Keys, r.Resends)
 	}
 	return Decision{Step: StepResend}
+}
+
+// AfterReading is the step before a write on a device that is read back:
+// the points it sets are read first, and the reading goes into the
+// pending record. Nil error -> send; a write that can never be sent (a
+// parameter that does not fit: device.ErrRefused) -> device_error; the
+// device could not be read -> as a write that was not sent (nothing was
+// written).
+func AfterReading(o *store.Op, err error) Decision {
+	switch {
+	case err == nil:
+		return Decision{Step: StepSend}
+	case errors.Is(err, device.ErrRefused):
+		return AfterWrite(o, device.WriteResult{Outcome: device.Refused, Reason: err.Error()})
+	}
+	return AfterWrite(o, device.WriteResult{Outcome: device.NotSent, Reason: err.Error()})
+}
+
+// AfterReadBack is the read-back decision table (docs/design.md,
+// "Read-back"), for an unknown write of absolute values whose points were
+// read again after the settle time: equal to the intended values ->
+// applied; else equal to the values read before the write -> it did not
+// happen: failed/not_applied, never resent (nothing tombstones a Modbus
+// write, so a resend could meet the first one landing late); anything
+// else (a third value: something else wrote, or the reading before is not
+// known) -> held for an operator, with the readings in the record.
+func AfterReadBack(o *store.Op, rb device.ReadBack) Decision {
+	after := string(rb.After)
+	switch {
+	case len(rb.Intended) > 0 && after == string(rb.Intended):
+		return end(wire.CodeOK, "%s applied %s (read back after the outcome was unknown: %s)", o.Device, o.Action, after)
+	case len(rb.Before) > 0 && after == string(rb.Before):
+		return end(wire.CodeNotApplied, "read back after the outcome was unknown: %s still holds the values from before the write %s, not the intended %s; the write did not happen and is not resent",
+			o.Device, after, rb.Intended)
+	case len(rb.Before) == 0:
+		return Decision{Step: StepHold, Reason: fmt.Sprintf("read back after the outcome was unknown: %s holds %s, not the intended %s, and what it held before the write is not known; held for an operator",
+			o.Device, after, rb.Intended)}
+	}
+	return Decision{Step: StepHold, Reason: fmt.Sprintf("read back after the outcome was unknown: %s holds %s, neither the intended %s nor %s from before the write: something else wrote; held for an operator",
+		o.Device, after, rb.Intended, rb.Before)}
 }
 
 // BeforeResend is judged after the pause before a resend, when the new

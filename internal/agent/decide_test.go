@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -203,6 +205,67 @@ func TestAfterQuery(t *testing.T) {
 	}
 	if d := AfterQuery(DeviceRules{Resends: 0}, &store.Op{Keys: 1}, device.QueryResult{}, t0); d.Code != wire.CodeNotApplied {
 		t.Fatalf("resends: 0 must never resend, got %+v", d)
+	}
+}
+
+// The read-back decision table (docs/design.md, "Read-back"), every row.
+func TestAfterReadBack(t *testing.T) {
+	const (
+		intended = `{"register 0":1200}`
+		before   = `{"register 0":0}`
+		third    = `{"register 0":999}`
+	)
+	tests := []struct {
+		name                    string
+		intended, before, after string
+		want                    Step
+		code                    wire.Code
+		reason                  string
+	}{
+		{"equal to the intended values: applied", intended, before, intended, StepEnd, wire.CodeOK, "read back"},
+		{"intended equal to before, found: applied", intended, intended, intended, StepEnd, wire.CodeOK, ""},
+		{"equal to the values before: did not happen, never resent", intended, before, before, StepEnd, wire.CodeNotApplied, "is not resent"},
+		{"a third value: held with both readings", intended, before, third, StepHold, "", `holds {"register 0":999}, neither the intended {"register 0":1200} nor {"register 0":0} from before`},
+		{"no reading before, not the intended: held", intended, "", before, StepHold, "", "what it held before the write is not known"},
+		{"no reading before, the intended: applied", intended, "", intended, StepEnd, wire.CodeOK, ""},
+		{"a partial write of two points: held", `{"coil 0":true,"register 0":1200}`, `{"coil 0":false,"register 0":0}`, `{"coil 0":false,"register 0":1200}`, StepHold, "", "something else wrote"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rb := device.ReadBack{Intended: json.RawMessage(tt.intended), After: json.RawMessage(tt.after)}
+			if tt.before != "" {
+				rb.Before = json.RawMessage(tt.before)
+			}
+			// Through AfterQuery, as the worker calls it, with resends left
+			// and expires_at passed: neither changes a read-back's row.
+			d := AfterQuery(DeviceRules{Queryable: true, Resends: 5}, &store.Op{Device: "pump-9", Action: "set", Keys: 1, ExpiresAt: &past}, device.QueryResult{ReadBack: &rb}, t0)
+			if d.Step != tt.want || d.Code != tt.code || d.Raise || !strings.Contains(d.Reason, tt.reason) {
+				t.Fatalf("AfterQuery = %+v, want step %v code %q, reason containing %q", d, tt.want, tt.code, tt.reason)
+			}
+		})
+	}
+}
+
+// The reading before a write on a device that is read back.
+func TestAfterReading(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		err        error
+		wasUnknown bool
+		want       Step
+		code       wire.Code
+	}{
+		{"read: send", nil, false, StepSend, ""},
+		{"a param that does not fit: device_error", fmt.Errorf("%w: param rpm: 70000 is out of the uint16 range", device.ErrRefused), false, StepEnd, wire.CodeDeviceError},
+		{"could not read: device_unreachable", errors.New("dial tcp: connection refused"), false, StepEnd, wire.CodeDeviceUnreachable},
+		{"could not read, once unknown: stays unknown", errors.New("dial tcp: connection refused"), true, StepUnknown, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := AfterReading(&store.Op{Device: "pump-9", WasUnknown: tt.wasUnknown}, tt.err)
+			if d.Step != tt.want || d.Code != tt.code || d.Raise {
+				t.Fatalf("AfterReading = %+v, want step %v code %q", d, tt.want, tt.code)
+			}
+		})
 	}
 }
 

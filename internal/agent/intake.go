@@ -158,7 +158,10 @@ func (a *Agent) admit(d Delivery) *arrival {
 			}
 			// The clock is read now, in the commit, not at arrival: a
 			// busy commit loop may run this after expires_at.
-			if dec := Check(a.rules(rt), &o, d, a.now()); dec.Step == StepSend {
+			// Not for a device that is read back: its pending record
+			// must carry the reading taken before the write, which is
+			// I/O and so the worker's.
+			if dec := Check(a.rules(rt), &o, d, a.now()); dec.Step == StepSend && rt.rb == nil {
 				o.ParamsSent = stateOrEmpty(o.Params)
 				if err := a.pendTx(tx, &o, &d, dec.Raise); err != nil {
 					return err

@@ -293,6 +293,16 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 		case stepGone:
 			return true, nil // the operator's transaction left the inbox
 		case StepSend:
+			if rt.rb != nil && !o.WasUnknown {
+				// Read back: the points the write sets are read first,
+				// and the reading goes into the pending record with the
+				// key (durable before the write: a recovered write can
+				// still be read back).
+				if next := w.reading(rt, &o); next.Step != StepSend {
+					dec = next
+					continue
+				}
+			}
 			// Invariant 3: last_fence and the pending record, with the
 			// key of the write, are durable before anything is sent.
 			if err := w.pend(rt, &o, dec.Raise); err != nil {
@@ -311,6 +321,10 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 			dec = Decision{Step: StepAsk}
 		case StepAsk:
 			if dec, state, err = w.ask(rt, &o); err != nil {
+				return false, err
+			}
+		case StepHold:
+			if dec, state, err = w.holdReadBack(rt, &o, dec.Reason); err != nil {
 				return false, err
 			}
 		case StepResend:
@@ -417,6 +431,10 @@ func (a *Agent) keyRand() string {
 
 // writeTimeout bounds one write, all its tries included.
 func writeTimeout(rt *devRT) time.Duration {
+	if b, ok := rt.drv.(device.Bounded); ok {
+		w, _ := b.Bounds(rt.cfg.ID)
+		return w
+	}
 	return time.Duration(*rt.cfg.Driver.Retries+1)*(rt.cfg.Driver.Timeout.D()+500*time.Millisecond) + time.Second
 }
 
@@ -430,8 +448,7 @@ func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, writeTimeout(rt))
 	start := time.Now()
-	res := rt.drv.Apply(ctx, device.Write{Device: o.Device, OpID: o.OpID, Key: o.Key,
-		Fence: o.Fence, Action: o.Action, Params: o.ParamsSent})
+	res := rt.drv.Apply(ctx, w.devWrite(o))
 	cancel()
 	a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
 	failpoint.Hit(failpoint.AfterWrite, o.OpID)
@@ -474,8 +491,14 @@ func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) 
 		return w.hold(o)
 	}
 	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(a.ctx, rt.cfg.Driver.Timeout.D())
-		q, err := rt.drv.Query(ctx, o.Device, o.Key)
+		ctx, cancel := context.WithTimeout(a.ctx, queryTimeout(rt))
+		var q device.QueryResult
+		var err error
+		if rt.rb != nil {
+			q, err = rt.rb.ReadBack(ctx, w.devWrite(o))
+		} else {
+			q, err = rt.drv.Query(ctx, o.Device, o.Key)
+		}
 		cancel()
 		if err == nil {
 			return AfterQuery(a.rules(rt), o, q, a.now()), q.State, nil

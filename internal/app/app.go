@@ -48,6 +48,7 @@ type App struct {
 	brk  *mqtt.Embedded
 	host *policy.Host
 	http *device.HTTP
+	mb   *device.Modbus
 	ag   *agent.Agent
 	mc   *mqtt.Client
 	adm  *http.Server
@@ -94,11 +95,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	drv, hd, err := buildDrivers(cfg, a.log)
+	drv, hd, mb, err := buildDrivers(cfg, a.log)
 	if err != nil {
 		return err
 	}
-	a.http = hd
+	a.http, a.mb = hd, mb
 	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg); err != nil {
 		return err
 	}
@@ -256,6 +257,9 @@ func (a *App) closeAll() error {
 	if a.http != nil {
 		a.http.Close()
 	}
+	if a.mb != nil {
+		a.mb.Close()
+	}
 	a.wg.Wait()
 	if a.st != nil {
 		if err := a.st.Close(); err != nil {
@@ -286,21 +290,63 @@ func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []b
 	return p, nil
 }
 
-func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, *device.HTTP, error) {
+func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, *device.HTTP, *device.Modbus, error) {
 	h, err := device.NewHTTP(device.HTTPOptions{Logger: log})
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+		return nil, nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	mb, err := device.NewModbus(device.ModbusOptions{Logger: log})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	out := map[string]device.Driver{}
 	for i, d := range cfg.Devices {
-		err := h.Add(d.ID, device.HTTPDevice{URL: d.Driver.URL, Timeout: d.Driver.Timeout.D(),
-			Retries: *d.Driver.Retries, Idempotent: d.Driver.Idempotent, Queryable: d.Driver.Queryable})
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
+		if d.Driver.Kind == "modbus" {
+			err = mb.Add(d.ID, modbusDevice(&d.Driver))
+			out[d.ID] = mb
+		} else {
+			err = h.Add(d.ID, device.HTTPDevice{URL: d.Driver.URL, Timeout: d.Driver.Timeout.D(),
+				Retries: *d.Driver.Retries, Idempotent: d.Driver.Idempotent, Queryable: d.Driver.Queryable})
+			out[d.ID] = h
 		}
-		out[d.ID] = h
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
+		}
 	}
-	return out, h, nil
+	return out, h, mb, nil
+}
+
+// modbusDevice is a kind: modbus driver block as the driver takes it
+// (config has checked and defaulted it).
+func modbusDevice(dr *config.Driver) device.ModbusDevice {
+	md := device.ModbusDevice{URL: dr.URL, UnitID: uint8(*dr.UnitID), Timeout: dr.Timeout.D(),
+		ReadBack: dr.Verify == "readback", Settle: dr.Settle.D(),
+		Actions: map[string]device.ModbusAction{}, State: map[string]device.ModbusPoint{}}
+	for name, a := range dr.Actions {
+		ma := device.ModbusAction{Params: map[string]device.ModbusPoint{}}
+		for p, pt := range a.Params {
+			ma.Params[p] = modbusPoint(pt)
+		}
+		if a.Register != nil || a.Coil != nil {
+			v := a.Value
+			if i, ok := v.(int); ok {
+				v = float64(i)
+			}
+			ma.Fixed = &device.ModbusFixed{Point: modbusPoint(&a.ModbusPoint), Value: v}
+		}
+		md.Actions[name] = ma
+	}
+	for k, pt := range dr.State {
+		md.State[k] = modbusPoint(pt)
+	}
+	return md
+}
+
+func modbusPoint(pt *config.ModbusPoint) device.ModbusPoint {
+	if pt.Coil != nil {
+		return device.ModbusPoint{Coil: true, Address: uint16(*pt.Coil)}
+	}
+	return device.ModbusPoint{Address: uint16(*pt.Register), Type: pt.Type, Scale: *pt.Scale, LowWordFirst: pt.WordOrder == "low_first"}
 }
 
 // buildPolicy loads every plugin a device binds; nil when none does. A load

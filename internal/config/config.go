@@ -110,6 +110,8 @@ type Driver struct {
 	Resends    *int     `yaml:"resends"` // extension (docs/config.md): new keys after confirmed-unapplied tries
 	Idempotent bool     `yaml:"idempotent"`
 	Queryable  bool     `yaml:"queryable"`
+	// Modbus holds the keys of kind: modbus (modbus.go; docs/config.md).
+	Modbus `yaml:",inline"`
 }
 
 // Policy binds a plugin to a device.
@@ -264,6 +266,7 @@ func (c *Config) defaults() {
 		if d.Driver.Kind == "" {
 			d.Driver.Kind = "http"
 		}
+		d.Driver.modbusDefaults()
 		if d.Driver.Timeout == 0 {
 			d.Driver.Timeout = Duration(DefaultTimeout)
 		}
@@ -364,14 +367,13 @@ func (c *Config) checkDevice(p *problems, i int, d *Device, seen map[string]int)
 		p.add(key+".queue", "%d: must be from 1 to %d", *d.Queue, MaxQueue)
 	}
 	dr := &d.Driver
-	if dr.Kind != "http" {
-		p.add(key+".driver.kind", "%q: only http exists", dr.Kind)
-	}
-	switch {
-	case dr.URL == "":
-		p.add(key+".driver.url", "required")
-	case !strings.HasPrefix(dr.URL, "http://") && !strings.HasPrefix(dr.URL, "https://"):
-		p.add(key+".driver.url", "%q: want http:// or https://", dr.URL)
+	switch dr.Kind {
+	case "http":
+		dr.checkHTTP(p, key)
+	case "modbus":
+		dr.checkModbus(p, key)
+	default:
+		p.add(key+".driver.kind", "%q: want http or modbus", dr.Kind)
 	}
 	if dr.Timeout < 0 {
 		p.add(key+".driver.timeout", "must be positive")

@@ -86,7 +86,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"retries too many", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\", retries: 11}}\n", "devices[0] (p).driver.retries"},
 		{"plugin with .wasm", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: a.wasm}}\n", "devices[0] (p).policy.plugin"},
 		{"negative limits", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: a, limits: {max_input: -1}}}\n", "devices[0] (p).policy.limits"},
-		{"unknown driver kind", base + "devices:\n  - {id: p, type: pump, driver: {kind: modbus, url: \"http://x\"}}\n", "devices[0] (p).driver.kind"},
+		{"unknown driver kind", base + "devices:\n  - {id: p, type: pump, driver: {kind: bacnet, url: \"http://x\"}}\n", "devices[0] (p).driver.kind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))

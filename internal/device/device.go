@@ -6,6 +6,7 @@ package device
 import (
 	"context"
 	"encoding/json"
+	"time"
 )
 
 // Outcome is how one write ended.
@@ -47,6 +48,10 @@ type Write struct {
 	Fence  int64
 	Action string
 	Params json.RawMessage // a JSON object, or nil for {}
+	// Before is what ReadBacker.Before read before the write was sent
+	// (kept in the op's pending record); nil for drivers that do not
+	// read back.
+	Before json.RawMessage
 }
 
 // WriteResult is the outcome of one write.
@@ -65,10 +70,53 @@ type WriteResult struct {
 // QueryResult answers "was the write with this key applied?".
 type QueryResult struct {
 	// Applied is true when the device applied a write with the key; State
-	// is then the state it reported. When false, the device has
-	// tombstoned the key: it will never apply it.
+	// is then the state it reported. When false (and ReadBack is nil),
+	// the device has tombstoned the key: it will never apply it.
 	Applied bool
 	State   json.RawMessage
+	// ReadBack, when set, is a read-back's readings instead of an answer
+	// about the key (ReadBacker): the agent decides from them (the
+	// decision table of docs/design.md, "Read-back"). State is then the
+	// device's state as read with them, nil when it has no state points.
+	ReadBack *ReadBack
+}
+
+// ReadBack is what a read-back found: the raw values of the points a
+// write sets, as canonical JSON objects keyed by point ({"register
+// 0":1200,"coil 0":true}), so that equal values are equal bytes.
+type ReadBack struct {
+	Intended json.RawMessage // what the write sets
+	Before   json.RawMessage // read before the write was sent (nil: not known)
+	After    json.RawMessage // read now, after the settle time, on a new connection
+}
+
+// ReadBacker is implemented by a driver whose devices cannot be asked
+// about a key but whose writes of absolute values (set-points, coils) can
+// be verified by reading the written points back (verify: readback;
+// docs/design.md, "Read-back"). For such a device Queryable is true and
+// the agent resolves an unknown write with ReadBack instead of Query.
+type ReadBacker interface {
+	// ReadsBack reports whether dev is configured to be read back.
+	ReadsBack(dev string) bool
+	// Before reads the points w would write, before w is sent; the agent
+	// keeps the reading in the write's pending record (w.Before). An
+	// error wrapping ErrRefused means w can never be sent (a parameter
+	// that does not fit its point: failed/device_error); any other means
+	// nothing was written (device_unreachable).
+	Before(ctx context.Context, w Write) (json.RawMessage, error)
+	// ReadBack reads the points w writes after a quiet period, on a new
+	// connection, so that a request still in the device's buffer has
+	// been processed. An error means the device could not be read (try
+	// again later).
+	ReadBack(ctx context.Context, w Write) (QueryResult, error)
+}
+
+// Bounded is implemented by a driver whose writes and queries take more
+// than one request's timeout (the agent bounds each with these).
+type Bounded interface {
+	// Bounds are the longest one Apply and one Query (or ReadBack) of dev
+	// can take.
+	Bounds(dev string) (write, query time.Duration)
 }
 
 // Driver talks to the firmware of the devices configured with it. It is

@@ -27,4 +27,11 @@ var (
 	// ErrBadResponse is returned by Query when a 200 answer cannot be read
 	// or does not say applied.
 	ErrBadResponse = errors.New("device: unreadable answer")
+	// ErrRefused is returned by ReadBacker.Before for a write that can
+	// never be sent: a parameter missing, not mapped, or not fitting its
+	// point. The message names the parameter.
+	ErrRefused = errors.New("device: write refused before sending")
+	// ErrNotReadBack is returned by ReadBack for a device not configured
+	// verify: readback.
+	ErrNotReadBack = errors.New("device: device is not read back")
 )

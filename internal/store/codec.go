@@ -136,10 +136,11 @@ const (
 	opSentAsReceived // ParamsSent equals Params and is not stored twice
 	opExpires
 	opUnknownSent
+	opBefore // Before follows FinalSeq (records written before it have none)
 )
 
 func encodeOp(o *Op) []byte {
-	e := enc{b: make([]byte, 0, 160+len(o.Params)+len(o.Output)+len(o.Reason)+len(o.ReplyTo))}
+	e := enc{b: make([]byte, 0, 160+len(o.Params)+len(o.Output)+len(o.Reason)+len(o.ReplyTo)+len(o.Before))}
 	e.b = append(e.b, recVersion)
 	var flags uint64
 	if o.Rewritten {
@@ -158,6 +159,9 @@ func encodeOp(o *Op) []byte {
 	}
 	if o.UnknownSent {
 		flags |= opUnknownSent
+	}
+	if len(o.Before) > 0 {
+		flags |= opBefore
 	}
 	e.uvarint(flags)
 	e.str(o.Device)
@@ -184,6 +188,9 @@ func encodeOp(o *Op) []byte {
 	e.time(o.ReceivedAt)
 	e.time(o.DecidedAt)
 	e.uvarint(o.FinalSeq)
+	if len(o.Before) > 0 {
+		e.bytes(o.Before)
+	}
 	return e.b
 }
 
@@ -215,6 +222,9 @@ func decodeOp(b []byte, o *Op) error {
 	o.ReceivedAt = d.time()
 	o.DecidedAt = d.time()
 	o.FinalSeq = d.uvarint()
+	if flags&opBefore != 0 {
+		o.Before = d.json()
+	}
 	return d.done("op")
 }
 

@@ -23,6 +23,7 @@ func TestOpRecordRoundTrip(t *testing.T) {
 			ContentHash: []byte(strings.Repeat("h", 32)), ParamsSent: json.RawMessage(`{"rpm":1000}`), Rewritten: true,
 			Key: "op-2.1.abcd", Keys: 3, WasUnknown: true, UnknownSent: true, Worker: "g", ReceivedAt: at, DecidedAt: at.Add(time.Second), FinalSeq: 77},
 		{Device: "d", OpID: "o", Status: OpPending, Params: json.RawMessage(`{"a":1}`), ParamsSent: json.RawMessage(`{"a":1}`)},
+		{Device: "m", OpID: "o", Status: OpPending, Key: "o.1.ab", Before: json.RawMessage(`{"register 0":0}`)},
 	} {
 		var got Op
 		if err := decodeOp(encodeOp(&o), &got); err != nil {
@@ -86,4 +87,25 @@ func FuzzDecodeOp(f *testing.F) {
 			t.Fatalf("decoded %+v does not survive a round trip: %+v %v", o, again, err)
 		}
 	})
+}
+
+// Issue 12: Before was added after records were written without it. A
+// record from before (no opBefore flag, nothing after FinalSeq) still
+// decodes, with no Before; one with Before keeps it.
+func TestOpRecordBeforeIsOptional(t *testing.T) {
+	old := Op{Device: "m", OpID: "o", Status: OpPending, Key: "o.1.ab", FinalSeq: 5}
+	b := encodeOp(&old)
+	var got Op
+	if err := decodeOp(b, &got); err != nil || got.Before != nil || !reflect.DeepEqual(got, old) {
+		t.Fatalf("a record without Before: %+v %v", got, err)
+	}
+	withBefore := old
+	withBefore.Before = json.RawMessage(`{"coil 0":false,"register 0":1200}`)
+	nb := encodeOp(&withBefore)
+	if len(nb) <= len(b) || !strings.HasPrefix(string(nb[2:]), string(b[2:])) {
+		t.Fatal("Before must be appended after the fields of older records, behind its flag")
+	}
+	if err := decodeOp(nb, &got); err != nil || string(got.Before) != string(withBefore.Before) {
+		t.Fatalf("a record with Before: %+v %v", got, err)
+	}
 }

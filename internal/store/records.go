@@ -65,6 +65,11 @@ type Op struct {
 	// once per op, also when the op was first counted unknown at a
 	// restart).
 	UnknownSent bool `json:"unknown_sent,omitempty"`
+	// Before is what the device held at the points the write sets, read
+	// before the write was sent (drivers that verify by reading back):
+	// durable with the pending record, so a recovered write can still be
+	// resolved by a read-back.
+	Before json.RawMessage `json:"before,omitempty"`
 
 	Worker string `json:"worker"`
 	// InboxSeq is the record's place in arrival order: its key in the ops
