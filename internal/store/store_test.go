@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/failpoint"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -563,6 +564,8 @@ func TestLaterRidesAlongWithTheNextCommit(t *testing.T) {
 	if waited := time.Since(queued); waited < LaterWithin/2 {
 		t.Fatalf("a lone Later update was committed after %v, want about %v", waited, LaterWithin)
 	}
+	// The commit's data is visible a moment before the loop counts it.
+	testkit.Eventually(t, 5*time.Second, "the commit counted", func() bool { return s.Commits()-before >= 1 })
 	if c := s.Commits() - before; c != 1 {
 		t.Fatalf("%d commits for a lone Later update, want 1", c)
 	}
