@@ -8,6 +8,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/policy"
@@ -61,9 +63,16 @@ type Options struct {
 	Publisher Publisher                // the MQTT session
 	Drivers   map[string]device.Driver // per device ID
 	Policy    policy.Evaluator         // nil: allow everything
-	Logger    *slog.Logger             // nil: slog.Default()
-	Registry  prometheus.Registerer    // nil: metrics are not registered
-	Now       func() time.Time         // nil: time.Now
+	// Auth checks signed commands (docs/protocol.md §6). Nil: no keys,
+	// signatures not required (a signed command is then invalid).
+	Auth *auth.Verifier
+	// ResultKey, when set, signs every Result and DeviceState the agent
+	// publishes (a JWS with kid = gateway_id, docs/protocol.md §6). Nil:
+	// they are published as plain JSON.
+	ResultKey ed25519.PrivateKey
+	Logger    *slog.Logger          // nil: slog.Default()
+	Registry  prometheus.Registerer // nil: metrics are not registered
+	Now       func() time.Time      // nil: time.Now
 	// CrashAt arms a crash point for fault-injection tests: "POINT" or
 	// "POINT:OP_ID", POINT one of after_pending, after_write, before_ack.
 	// At it, Kill is called (a real SIGKILL in cmd/edge-agent). "": none.
@@ -88,6 +97,7 @@ type Agent struct {
 	devs    map[string]*devRT
 	workers map[string]*worker
 	pub     *publisher
+	auth    *authState
 
 	incoming chan Delivery
 	acks     chan *arrival
@@ -155,6 +165,15 @@ func New(o Options) (*Agent, error) {
 		w.limit += int64(*d.Queue) // a group's limit is the sum of its members' queues
 		a.devs[d.ID] = &devRT{cfg: d, w: w, drv: drv}
 	}
+	if o.Auth == nil {
+		v, err := auth.New(auth.Options{Gateway: o.Config.GatewayID})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		o.Auth = v
+		a.o.Auth = v
+	}
+	a.auth = newAuthState(o.Auth, a.DeviceIDs(), o.Registry)
 	a.pub = newPublisher(a)
 	return a, nil
 }

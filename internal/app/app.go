@@ -121,8 +121,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if a.host != nil {
 		ev = a.host
 	}
+	ver, err := buildAuth(cfg)
+	if err != nil {
+		return err
+	}
 	a.ag, err = agent.New(agent.Options{Config: cfg, Store: a.st, Publisher: &a.pub, Drivers: drv,
-		Policy: ev, Logger: a.log, Registry: a.reg, CrashAt: a.o.CrashAt, Kill: a.o.Kill})
+		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
+		Logger: a.log, Registry: a.reg, CrashAt: a.o.CrashAt, Kill: a.o.Kill})
 	if err != nil {
 		return err
 	}
@@ -220,12 +225,17 @@ func (a *App) AdminAddr() string {
 	return a.ln.Addr().String()
 }
 
-// Reload reloads the policy plugins (SIGHUP).
+// Reload reloads the controllers' public keys and the policy plugins
+// (SIGHUP). Each is all or nothing: a key file that cannot be read keeps
+// every key in use, and is an error naming the key; likewise for plugins.
 func (a *App) Reload(ctx context.Context) error {
-	if a.host == nil {
-		return nil
+	err := a.reloadKeys()
+	if a.host != nil {
+		if perr := a.host.Reload(ctx); perr != nil {
+			err = errors.Join(err, fmt.Errorf("policy: %w", perr))
+		}
 	}
-	return a.host.Reload(ctx)
+	return err
 }
 
 // Stop drains within ctx (shutdown_timeout) and closes everything. A
