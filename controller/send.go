@@ -122,6 +122,9 @@ type SendOptions struct {
 	// KeyID names SignKey in the agent's security.keys; required with
 	// SignKey.
 	KeyID string
+	// OnUnknown, when set, is called (on Send's goroutine) with each
+	// unknown Result Send receives before the final one. Nil: none.
+	OnUnknown func(wire.Result)
 }
 
 // DefaultSignedExpiry is how long a signed command is valid when
@@ -325,6 +328,9 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 				// unknown: the agent resolves it with the device and
 				// publishes the final Result to the same reply topic.
 				s.count(func(st *SendStats) { st.Unknown++ })
+				if s.opts.OnUnknown != nil {
+					s.opts.OnUnknown(r)
+				}
 				continue
 			case r.Code == wire.CodeBusy:
 				return r, awaitBusy, nil
