@@ -24,15 +24,15 @@ import (
 type sendFlags struct {
 	mqtt                    mqttFlags
 	gateway, device, action string
-	params                          []string
-	fence                           int64
-	lock, etcd                      string
-	opID                            string
-	timeout                         time.Duration
-	prefix                          string
-	ttl                             time.Duration
-	signKey, keyID                  string
-	asJSON                          bool
+	params                  []string
+	fence                   int64
+	lock, etcd              string
+	opID                    string
+	timeout                 time.Duration
+	prefix                  string
+	ttl                     time.Duration
+	signKey, keyID          string
+	asJSON                  bool
 }
 
 func sendCmd() *cobra.Command {
