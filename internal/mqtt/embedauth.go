@@ -81,4 +81,3 @@ func (h *authHook) OnACLCheck(cl *mochi.Client, topic string, write bool) bool {
 	}
 	return h.o.ACL.Allowed(string(cl.Properties.Username), cl.ID, topic, write)
 }
-
