@@ -167,7 +167,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
 		}
 		a.adm = &http.Server{Handler: a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready}), ReadHeaderTimeout: 5 * time.Second}
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen)}), ReadHeaderTimeout: 5 * time.Second}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
