@@ -136,6 +136,7 @@ const (
 	opSentAsReceived // ParamsSent equals Params and is not stored twice
 	opExpires
 	opUnknownSent
+	opAudit // an operator's act (audit.go), never swept
 )
 
 func encodeOp(o *Op) []byte {
@@ -158,6 +159,9 @@ func encodeOp(o *Op) []byte {
 	}
 	if o.UnknownSent {
 		flags |= opUnknownSent
+	}
+	if o.Audit {
+		flags |= opAudit
 	}
 	e.uvarint(flags)
 	e.str(o.Device)
@@ -211,6 +215,7 @@ func decodeOp(b []byte, o *Op) error {
 	o.Key = d.str()
 	o.Keys = int(d.uvarint())
 	o.Rewritten, o.WasUnknown, o.UnknownSent = flags&opRewritten != 0, flags&opWasUnknown != 0, flags&opUnknownSent != 0
+	o.Audit = flags&opAudit != 0
 	o.Worker = d.str()
 	o.ReceivedAt = d.time()
 	o.DecidedAt = d.time()

@@ -65,6 +65,9 @@ type Op struct {
 	// once per op, also when the op was first counted unknown at a
 	// restart).
 	UnknownSent bool `json:"unknown_sent,omitempty"`
+	// Audit marks an operator's act recorded in the device's history
+	// (ResetFence): never a command, never swept by retention.
+	Audit bool `json:"audit,omitempty"`
 
 	Worker string `json:"worker"`
 	// InboxSeq is the record's place in arrival order: its key in the ops
