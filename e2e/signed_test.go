@@ -11,11 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
@@ -404,4 +406,66 @@ func (e *env) metric(series string) float64 {
 		}
 	}
 	return 0
+}
+
+// Key rotation by SIGHUP, on the agent process: commands admitted under
+// the old key (queued behind a slow device) all end applied; from the
+// reload on, the new key is accepted and the old refused; a bad key file
+// on a later SIGHUP keeps the keys in use.
+func TestKeyRotationBySIGHUP(t *testing.T) {
+	oldKey := newCtlKey(t, "ctl-a")
+	d := pump("pump-7")
+	d.timeout = "5s"
+	e := newEnv(t, d)
+	e.extra = securityYAML("", map[*ctlKey][]string{&oldKey: {"*"}})
+	e.startProc()
+	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 300})
+
+	const inFlight = 5
+	for i := range inFlight {
+		e.send("pump-7", signCmd(t, oldKey, "ctl-a", "pump-7", cmd(fmt.Sprintf("old-%d", i), 8, "set", fmt.Sprintf(`{"rpm":%d}`, i))))
+	}
+	testkit.Eventually(t, 10*time.Second, "the first write under way", func() bool { return e.sim.Injected().Delayed > 0 })
+
+	// Rotate: the same file now holds the new key.
+	newKey := newCtlKey(t, "ctl-a")
+	if err := os.WriteFile(oldKey.pubFile, newKey.pubPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.proc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// The reload is done once a command signed with the new key is
+	// accepted (it queues behind the old ones).
+	var accepted string
+	for try := 0; accepted == ""; try++ {
+		if try == 100 {
+			t.Fatal("the new key was not accepted after SIGHUP")
+		}
+		op := fmt.Sprintf("new-1.%d", try)
+		e.send("pump-7", signCmd(t, newKey, "ctl-a", "pump-7", cmd(op, 8, "set", `{"rpm":100}`)))
+		if r := e.result(op, 1); r.Code != wire.CodeUnauthorized {
+			accepted = op
+		}
+	}
+	e.send("pump-7", signCmd(t, oldKey, "ctl-a", "pump-7", cmd("old-late", 8, "set", `{"rpm":7}`)))
+	want(t, e.result("old-late", 1), wire.StatusRejected, wire.CodeUnauthorized)
+	for i := range inFlight {
+		want(t, e.final(fmt.Sprintf("old-%d", i)), wire.StatusApplied, wire.CodeOK)
+	}
+	want(t, e.final(accepted), wire.StatusApplied, wire.CodeOK)
+
+	// A broken key file: the keys in use stay (and the process with them).
+	if err := os.WriteFile(oldKey.pubFile, []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.proc.Signal(syscall.SIGHUP)
+	testkit.Eventually(t, 10*time.Second, "the refused reload logged", func() bool {
+		return strings.Contains(e.log(), "security.keys[0] (ctl-a).public_key_file") && strings.Contains(e.log(), "the keys in use are kept")
+	})
+	e.send("pump-7", signCmd(t, newKey, "ctl-a", "pump-7", cmd("new-2", 8, "set", `{"rpm":101}`)))
+	want(t, e.final("new-2"), wire.StatusApplied, wire.CodeOK)
+	if n := len(e.journal()); n != inFlight+2 {
+		t.Fatalf("journal has %d entries, want %d", n, inFlight+2)
+	}
 }
