@@ -89,7 +89,7 @@ func startSimProcess(bins string, n int, m *cpuMeter) (string, func(), error) {
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
 // a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), error) {
+func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter) (func(), error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -105,7 +105,7 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 	admin := l.Addr().String()
 	l.Close()
 	cfg := filepath.Join(dir, "agent.yaml")
-	if err := os.WriteFile(cfg, []byte(agentYAML(filepath.Join(dir, "data"), broker, admin, url, n)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(agentYAML(filepath.Join(dir, "data"), broker, admin, url, keyFile, n)), 0o600); err != nil {
 		stopSim()
 		return nil, err
 	}
