@@ -186,7 +186,7 @@ func run(dur time.Duration, devList, out string) error {
 		signedRows = append(signedRows, fmt.Sprintf("| %d | %.0f | %s | %s | %.0f | %s | %s | %.2f | %d | %d | %+d (%.0f%% of the signed run's) |", n,
 			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond),
 			sg.perSec, sg.p50.Round(time.Microsecond), sg.p99.Round(time.Microsecond), sg.perSec/ag.perSec,
-			u.Microseconds(), sc.Microseconds(), (sc - u).Microseconds(), 100*float64(sc-u)/float64(sc)))
+			u.Microseconds(), sc.Microseconds(), (sc-u).Microseconds(), 100*float64(sc-u)/float64(sc)))
 	}
 	if out != "" {
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
@@ -234,8 +234,8 @@ func agentCPU(st stats) time.Duration {
 type agentTarget struct {
 	dir     string
 	keyFile string // "": signatures not required
-	a   *app.App
-	fw  *sim.Sim
+	a       *app.App
+	fw      *sim.Sim
 }
 
 func (t *agentTarget) start(broker string, n int) error {
