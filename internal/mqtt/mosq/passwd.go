@@ -17,10 +17,6 @@ import (
 	"strings"
 )
 
-// ErrFormat is wrapped by every error of ParsePasswords and ParseACL; the
-// message names the line.
-var ErrFormat = errors.New("mosq: malformed file")
-
 // maxIterations bounds a $7$ hash's PBKDF2 iterations (mosquitto_passwd
 // writes 101): a file cannot make each CONNECT cost seconds.
 const maxIterations = 1 << 20
