@@ -58,8 +58,10 @@ func (a *Agent) Verifier() *auth.Verifier { return a.auth.v }
 // open reads a delivery's payload as a command: a signed one (a compact
 // JWS) through the verifier, a plain one through wire.ParseCommand. unauth
 // is set when the device requires signatures and the payload is not a
-// valid signed command for it. A JWS that does not verify on a gateway
-// that does not require signatures is invalid (it is no Command either).
+// valid signed command for it. On a gateway that does not require
+// signatures, a JWS that cannot be accepted is invalid (it is no Command
+// either), and a message that is not even a JWS is parsed as a Command
+// (so garbage gets the parser's reason, as before signed commands).
 func (a *Agent) open(dev string, msg []byte) (cmd wire.Command, unauth *auth.Error, pe *wire.ParseError) {
 	v := a.auth.v
 	if jws.Looks(msg) {
@@ -74,9 +76,11 @@ func (a *Agent) open(dev string, msg []byte) (cmd wire.Command, unauth *auth.Err
 		if v.Required() {
 			return wire.Command{}, unauth, nil
 		}
-		return wire.Command{}, nil, &wire.ParseError{Reason: "a signed command that cannot be accepted: " + unauth.Reason}
-	}
-	if v.Required() {
+		if _, perr := jws.Parse(msg); perr == nil {
+			return wire.Command{}, nil, &wire.ParseError{Reason: "a signed command that cannot be accepted: " + unauth.Reason}
+		}
+		// Not a JWS at all: a malformed Command, answered as one.
+	} else if v.Required() {
 		return wire.Command{}, &auth.Error{Reason: fmt.Sprintf("gateway %s requires signed commands (security.require_signed): this one is not signed", a.cfg.GatewayID)}, nil
 	}
 	cmd, err := wire.ParseCommand(msg)
