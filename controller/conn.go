@@ -2,7 +2,9 @@ package controller
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // ConnOptions configure Dial.
@@ -29,6 +32,16 @@ type ConnOptions struct {
 	ConnectTimeout time.Duration
 	// Username and Password, when the broker needs them.
 	Username, Password string
+	// TLS is the client's TLS configuration for an ssl:// (tls://,
+	// mqtts://) broker: the CA to trust, a client certificate. Nil means
+	// Go's defaults (the system's CAs, no client certificate).
+	TLS *tls.Config
+	// ResultKey is the gateway's Ed25519 public key (security.result_key_file
+	// of the agent): when set, a Result is taken only when it is a JWS
+	// signed by it with kid equal to Gateway; anything else arriving as a
+	// Result is dropped and counted (Conn.Unverified). Nil: Results are
+	// read as they come, plain JSON or the payload of a JWS (unverified).
+	ResultKey ed25519.PublicKey
 }
 
 // Conn is a controller's MQTT connection: it publishes commands and
@@ -40,10 +53,12 @@ type Conn struct {
 	reply string
 	cli   paho.Client
 
-	mu      sync.Mutex
-	closed  bool
-	waiters map[string]chan wire.Result // by op_id
-	dropped int
+	mu         sync.Mutex
+	closed     bool
+	waiters    map[string]chan wire.Result // by op_id
+	dropped    int
+	unverified int
+	watched    map[string]bool // device result topics subscribed (watchDevice)
 }
 
 // ReplyTopic returns the controller's reply topic for a gateway.
@@ -72,6 +87,7 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 		opts:    opts,
 		reply:   ReplyTopic(opts.Prefix, opts.Gateway, opts.ControllerID),
 		waiters: map[string]chan wire.Result{},
+		watched: map[string]bool{},
 	}
 	if !wire.ValidPublishTopic(c.reply) {
 		return nil, fmt.Errorf("%w: reply topic %q is not valid", ErrConnect, c.reply)
@@ -87,11 +103,18 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 		SetConnectTimeout(opts.ConnectTimeout).
 		SetUsername(opts.Username).
 		SetPassword(opts.Password).
+		SetTLSConfig(opts.TLS).
 		SetDefaultPublishHandler(c.onMessage).
 		SetOnConnectHandler(func(pc paho.Client) {
 			// paho runs this on its own goroutine, so waiting here blocks
 			// no message handler.
-			tok := pc.Subscribe(c.reply, 1, nil)
+			filters := map[string]byte{c.reply: 1}
+			c.mu.Lock()
+			for t := range c.watched {
+				filters[t] = 1
+			}
+			c.mu.Unlock()
+			tok := pc.SubscribeMultiple(filters, nil)
 			var err error
 			if !tok.WaitTimeout(opts.ConnectTimeout) {
 				err = fmt.Errorf("subscribe %s: no SUBACK within %v", c.reply, opts.ConnectTimeout)
@@ -156,13 +179,33 @@ func (c *Conn) Close() error {
 
 // onMessage routes a Result to the Send awaiting its op_id. It never
 // blocks (paho's rule for handlers): a Result nobody can take right now is
-// dropped, and Send's resend of the same op_id recovers it.
+// dropped, and Send's resend of the same op_id recovers it. From a
+// device's result topic (watchDevice) only unauthorized Results are
+// taken: the agent sends those there and never to reply_to
+// (docs/protocol.md §6).
 func (c *Conn) onMessage(_ paho.Client, m paho.Message) {
-	if m.Topic() != c.reply || m.Retained() {
+	if m.Retained() {
+		return
+	}
+	onReply := m.Topic() == c.reply
+	c.mu.Lock()
+	watched := c.watched[m.Topic()]
+	c.mu.Unlock()
+	if !onReply && !watched {
+		return
+	}
+	payload, ok := c.open(m.Payload())
+	if !ok {
+		c.mu.Lock()
+		c.unverified++
+		c.mu.Unlock()
 		return
 	}
 	var r wire.Result
-	if err := json.Unmarshal(m.Payload(), &r); err != nil || r.OpID == "" {
+	if err := json.Unmarshal(payload, &r); err != nil || r.OpID == "" {
+		return
+	}
+	if !onReply && r.Code != wire.CodeUnauthorized {
 		return
 	}
 	c.mu.Lock()
@@ -176,6 +219,57 @@ func (c *Conn) onMessage(_ paho.Client, m paho.Message) {
 	default:
 		c.dropped++
 	}
+}
+
+// open returns a Result's JSON: with ConnOptions.ResultKey, only from a
+// JWS signed by it with kid = the gateway; without, from plain JSON or a
+// JWS as it comes.
+func (c *Conn) open(payload []byte) ([]byte, bool) {
+	if !jws.Looks(payload) {
+		return payload, c.opts.ResultKey == nil
+	}
+	tok, err := jws.Parse(payload)
+	if err != nil {
+		return nil, false
+	}
+	if c.opts.ResultKey != nil && (tok.Header.Kid != c.opts.Gateway || tok.Verify(c.opts.ResultKey) != nil) {
+		return nil, false
+	}
+	return tok.Payload, true
+}
+
+// Unverified counts the messages dropped because they were not signed by
+// ConnOptions.ResultKey (or not a JWS at all).
+func (c *Conn) Unverified() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unverified
+}
+
+// watchDevice subscribes the device's result topic (once per Conn, and
+// again on every reconnect), where an unauthorized Result for one of this
+// controller's commands arrives.
+func (c *Conn) watchDevice(ctx context.Context, device string) error {
+	topic := wire.ResultTopic(c.opts.Prefix, c.opts.Gateway, device)
+	c.mu.Lock()
+	done := c.watched[topic]
+	c.mu.Unlock()
+	if done {
+		return nil
+	}
+	tok := c.cli.Subscribe(topic, 1, nil)
+	select {
+	case <-tok.Done():
+		if err := tok.Error(); err != nil {
+			return fmt.Errorf("subscribe %s: %w", topic, err)
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("subscribe %s: %w", topic, ctx.Err())
+	}
+	c.mu.Lock()
+	c.watched[topic] = true
+	c.mu.Unlock()
+	return nil
 }
 
 func (c *Conn) register(opID string) (<-chan wire.Result, func(), error) {

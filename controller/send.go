@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // Owner is the ownership a Sender sends under. *Holder implements it; so
@@ -110,9 +112,25 @@ type SendOptions struct {
 	LockFor func(device string) string
 	// ExpiresIn, when set, puts expires_at = now + ExpiresIn on each
 	// command (a coarse safety net; fencing is what protects). Zero
-	// means no expires_at.
+	// means no expires_at, or DefaultSignedExpiry when signing.
 	ExpiresIn time.Duration
+	// SignKey, when set, signs every command (docs/protocol.md §6): a JWS
+	// with kid KeyID, its payload the command with gateway, device and
+	// expires_at, which must be within the agent's security.max_ttl
+	// (default 15m). Nil: commands are sent as plain JSON.
+	SignKey ed25519.PrivateKey
+	// KeyID names SignKey in the agent's security.keys; required with
+	// SignKey.
+	KeyID string
+	// OnUnknown, when set, is called (on Send's goroutine) with each
+	// unknown Result Send receives before the final one. Nil: none.
+	OnUnknown func(wire.Result)
 }
+
+// DefaultSignedExpiry is how long a signed command is valid when
+// SendOptions.ExpiresIn is zero: well within the agent's default max_ttl
+// (15m), and long enough for a Send's resends of the same command.
+const DefaultSignedExpiry = time.Minute
 
 // Sender sends commands under one Owner over one Conn. Sends to one device
 // are serialised per owner (every Sender of a Holder shares the order):
@@ -151,6 +169,9 @@ func NewSender(conn *Conn, owner Owner, opts *SendOptions) *Sender {
 	}
 	if o.BackoffMax <= 0 {
 		o.BackoffMax = 2 * time.Second
+	}
+	if o.SignKey != nil && o.ExpiresIn <= 0 {
+		o.ExpiresIn = DefaultSignedExpiry
 	}
 	return &Sender{conn: conn, owner: owner, opts: o}
 }
@@ -216,11 +237,17 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		return wire.Result{}, err
 	}
 	defer unregister()
-	payload, err := json.Marshal(cmd)
+	payload, err := s.encode(cmd)
 	if err != nil {
-		return wire.Result{}, fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+		return wire.Result{}, err
 	}
 	topic := wire.CmdTopic(s.conn.opts.Prefix, s.conn.opts.Gateway, device)
+	// An unauthorized Result comes on the device's result topic, never to
+	// reply_to. A broker that refuses the subscription (its ACL) only
+	// costs that answer: the command goes out all the same.
+	if err := s.conn.watchDevice(ctx, device); err != nil && ctx.Err() != nil {
+		return wire.Result{}, fmt.Errorf("device %s: %w", device, err)
+	}
 
 	busy := 0
 	var last wire.Result
@@ -301,6 +328,9 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 				// unknown: the agent resolves it with the device and
 				// publishes the final Result to the same reply topic.
 				s.count(func(st *SendStats) { st.Unknown++ })
+				if s.opts.OnUnknown != nil {
+					s.opts.OnUnknown(r)
+				}
 				continue
 			case r.Code == wire.CodeBusy:
 				return r, awaitBusy, nil
@@ -365,11 +395,34 @@ func (s *Sender) command(device, action string, params any, opID string) (wire.C
 		V: wire.Version, OpID: opID, Fence: fence, Action: action, Params: raw,
 		Lock: lock, Holder: s.owner.Name(), ReplyTo: s.conn.reply,
 	}
+	if s.opts.SignKey != nil {
+		cmd.Device = device // the binding of a signed command (encode)
+	}
 	if s.opts.ExpiresIn > 0 {
 		t := time.Now().Add(s.opts.ExpiresIn).UTC()
 		cmd.ExpiresAt = &t
 	}
 	return cmd, nil
+}
+
+// encode is the command as published: JSON, or with SendOptions.SignKey
+// a JWS of it, bound to the gateway and the device.
+func (s *Sender) encode(cmd wire.Command) ([]byte, error) {
+	if s.opts.SignKey != nil {
+		cmd.Gateway = s.conn.opts.Gateway
+	}
+	payload, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+	}
+	if s.opts.SignKey == nil {
+		return payload, nil
+	}
+	b, err := jws.Sign(s.opts.SignKey, s.opts.KeyID, payload)
+	if err != nil {
+		return nil, fmt.Errorf("%w: signing: %w", ErrInvalidCommand, err)
+	}
+	return b, nil
 }
 
 func paramsJSON(p any) (json.RawMessage, error) {

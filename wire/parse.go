@@ -156,6 +156,19 @@ func parseCommand(payload []byte, fast bool) (Command, error) {
 		}
 		c.ExpiresAt = &t
 	}
+	// The binding members of a signed command (§6), read only when they
+	// are strings: in a plain command they were unknown members before
+	// §6, and unknown members are ignored.
+	for _, k := range []struct {
+		name string
+		dst  *string
+	}{{"gateway", &c.Gateway}, {"device", &c.Device}} {
+		if v, ok := raw[k.name]; ok && len(v) > 0 && v[0] == '"' {
+			if unquote(v, k.dst) != nil {
+				*k.dst = ""
+			}
+		}
+	}
 	return c, nil
 }
 

@@ -278,3 +278,22 @@ func jsonNumber(s string) bool {
 	var n json.Number
 	return json.Unmarshal([]byte(s), &n) == nil && s != "" && s[0] != ' ' && strings.TrimSpace(s) == s && json.Valid([]byte(s))
 }
+
+// TestParseBindingMembers: gateway and device (signed commands, §6) are
+// read when they are strings and ignored otherwise, as unknown members
+// were before §6.
+func TestParseBindingMembers(t *testing.T) {
+	for _, tt := range []struct{ in, gw, dev string }{
+		{`{"op_id":"a","fence":1,"action":"set","gateway":"gw-1","device":"pump-7"}`, "gw-1", "pump-7"},
+		{`{"op_id":"a","fence":1,"action":"set","gateway":"g\u0077","device":null}`, "gw", ""},
+		{`{"op_id":"a","fence":1,"action":"set","gateway":5,"device":{"x":1}}`, "", ""},
+		{`{"op_id":"a","fence":1,"action":"set"}`, "", ""},
+	} {
+		for _, fast := range []bool{true, false} {
+			c, err := parseCommand([]byte(tt.in), fast)
+			if err != nil || c.Gateway != tt.gw || c.Device != tt.dev {
+				t.Fatalf("%s (fast %v): %+v %v, want gateway %q device %q", tt.in, fast, c, err, tt.gw, tt.dev)
+			}
+		}
+	}
+}

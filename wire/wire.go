@@ -99,6 +99,13 @@ type Command struct {
 	Holder    string          `json:"holder,omitempty"`
 	ReplyTo   string          `json:"reply_to,omitempty"`
 	ExpiresAt *time.Time      `json:"expires_at,omitempty"`
+	// Gateway and Device bind a signed command to one topic
+	// (docs/protocol.md §6): in a signed command they must equal the
+	// topic's gateway and device. A plain command may omit them; the
+	// parser reads them when they are strings and ignores them otherwise
+	// (before §6 they were unknown members, which are ignored).
+	Gateway string `json:"gateway,omitempty"`
+	Device  string `json:"device,omitempty"`
 }
 
 // Result is the agent's answer to one command.

@@ -107,6 +107,10 @@ func inspectCmd() *cobra.Command {
 					if o.Status != store.OpFinal {
 						code = string(o.Status)
 					}
+					if o.Audit { // an operator's act (fence reset), not a command
+						fmt.Fprintf(tw, "  %s\tfence %d\t%s\tAUDIT: %s\t%s\n", o.OpID, o.Fence, o.Action, o.Reason, o.ReceivedAt.Format(time.RFC3339))
+						continue
+					}
 					fmt.Fprintf(tw, "  %s\tfence %d\t%s\t%s\t%s\n", o.OpID, o.Fence, o.Action, code, o.ReceivedAt.Format(time.RFC3339))
 				}
 			}

@@ -1,5 +1,6 @@
 // Command edge-agent is the fencing gateway: `run`, `inspect`, `policy
-// test`, `version` (docs/protocol.md §4). main is wiring only.
+// test`, `fence reset`, `version` (docs/protocol.md §4). main is wiring
+// only.
 package main
 
 import (
@@ -35,7 +36,7 @@ func main() {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.Args = usageArgs(cobra.NoArgs) // an unknown command
 	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
-	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), &cobra.Command{
+	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), fenceCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  usageArgs(cobra.NoArgs),

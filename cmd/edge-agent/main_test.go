@@ -70,6 +70,11 @@ func TestConfigErrorsExit2NamingTheKey(t *testing.T) {
 		{"no devices", base, "devices: at least one"},
 		{"queue zero", base + "devices:\n  - {id: p, type: pump, queue: 0, driver: {url: \"http://x\"}}\n", "devices[0] (p).queue"},
 		{"missing plugin", base + "plugins: {dir: " + t.TempDir() + "}\ndevices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: nope}}\n", "nope"},
+		// docs/protocol.md §3, §5 and §6 (2026-12-01).
+		{"admin off loopback without a token", "gateway_id: g\ndata_dir: " + t.TempDir() + "\nmqtt: {broker: embedded}\nadmin: {listen: \"0.0.0.0:9464\"}\n" + goodDevices, "admin.token: required when admin.listen"},
+		{"embedded broker off loopback, anonymous", "gateway_id: g\ndata_dir: " + t.TempDir() + "\nmqtt: {broker: embedded, embedded_listen: \"0.0.0.0:1883\"}\nadmin: {listen: \"\"}\n" + goodDevices, "mqtt.embedded_listen"},
+		{"a bad key file", base + "security: {keys: [{id: ctl-a, public_key_file: /dev/null}]}\n" + goodDevices, "security.keys[0] (ctl-a).public_key_file"},
+		{"retention shorter than max_ttl", base + "dedup: {retention: 1m}\n" + goodDevices, "dedup.retention"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -77,10 +77,12 @@ func run(cfg *config.Config, log *slog.Logger) error {
 				log.Info("mqtt: connected and subscribed")
 			}
 		case <-hup:
+			// Keys and plugins, each all or nothing: what was refused
+			// keeps serving as loaded.
 			if err := a.Reload(ctx); err != nil {
-				log.Error("policy reload refused; the loaded plugins keep serving", "err", err)
+				log.Error("reload refused; what was loaded keeps serving", "err", err)
 			} else {
-				log.Info("policy plugins reloaded")
+				log.Info("keys and policy plugins reloaded")
 			}
 		case <-a.Failed():
 			// Invariant 5: exit non-zero at once; nothing more is acknowledged.

@@ -10,11 +10,14 @@
 // after the previous one has its final Result). Then, for 1 and 8 devices
 // (-modbus-devices), it measures edge-agent with the same commands over
 // HTTP, over Modbus TCP and over Modbus TCP with verify: readback
-// (modbus.go).
+// (modbus.go). A further target, agent-signed, is edge-agent requiring
+// signed commands (docs/protocol.md §6), the controllers signing each one,
+// to compare with the unsigned run.
 package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -41,6 +44,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 const gw = "bench"
@@ -170,18 +174,18 @@ func run(dur time.Duration, devList, mbList, out string) error {
 	}
 	fmt.Println(fl)
 	var floorLine string
-	var rows []string
+	var rows, signedRows []string
 	fmt.Printf("%-8s %-12s %10s %9s %9s\n", "devices", "target", "cmds/s", "p50", "p99")
 	for _, f := range splitList(devList) {
 		var n int
 		fmt.Sscan(f, &n)
-		var res [3]stats
-		for _, k := range []kind{echoKind, deviceEchoKind, agentKind} {
+		var res [agentSignedKind + 1]stats
+		for _, k := range []kind{echoKind, deviceEchoKind, agentKind, agentSignedKind} {
 			var err error
 			// Labelled, so a CPU profile separates the runs: go tool
 			// pprof -tagfocus target=edge-agent.
 			pprof.Do(context.Background(), pprof.Labels("target", k.String()), func(context.Context) {
-				res[k], err = measure(broker, n, dur, target{bins: bins, kind: k, dir: filepath.Join(tmp, fmt.Sprintf("agent-%d", n))})
+				res[k], err = measure(broker, n, dur, target{bins: bins, kind: k, dir: filepath.Join(tmp, fmt.Sprintf("%s-%d", k, n))})
 			})
 			if err != nil {
 				return fmt.Errorf("%s, %d devices: %w", k, n, err)
@@ -191,12 +195,17 @@ func run(dur time.Duration, devList, mbList, out string) error {
 				agentCommands += r.n
 			}
 			ratio := ""
-			if k == agentKind {
+			switch k {
+			case agentKind:
 				ratio = fmt.Sprintf("   ratio %.2f of echo, %.2f of device-echo", r.perSec/res[echoKind].perSec, r.perSec/res[deviceEchoKind].perSec)
 				if n == 1 {
 					floorLine = fmt.Sprintf("At 1 device the agent's p50 %s is %.2f times the %s.", r.p50.Round(time.Microsecond), float64(r.p50)/float64(fl.total()), fl)
 					ratio += fmt.Sprintf(", p50 %.2f x the floor", float64(r.p50)/float64(fl.total()))
 				}
+			case agentSignedKind:
+				u, sg := agentCPU(res[agentKind]), agentCPU(r)
+				ratio = fmt.Sprintf("   %.2f of unsigned; agent CPU %d vs %d µs per command (+%d µs, %.0f%%)",
+					r.perSec/res[agentKind].perSec, sg.Microseconds(), u.Microseconds(), (sg - u).Microseconds(), 100*float64(sg-u)/float64(sg))
 			}
 			fmt.Printf("%-8d %-12s %10.0f %9s %9s%s\n         %s\n", n, k, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), ratio, r.cpu)
 		}
@@ -206,6 +215,12 @@ func run(dur time.Duration, devList, mbList, out string) error {
 			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond),
 			ag.perSec/e.perSec, ag.perSec/de.perSec))
 		rows = append(rows, fmt.Sprintf("|  | %s | | %s | | %s | | | | |", cpuCell(e), cpuCell(de), cpuCell(ag)))
+		sg := res[agentSignedKind]
+		u, sc := agentCPU(ag), agentCPU(sg)
+		signedRows = append(signedRows, fmt.Sprintf("| %d | %.0f | %s | %s | %.0f | %s | %s | %.2f | %d | %d | %+d (%.0f%% of the signed run's) |", n,
+			ag.perSec, ag.p50.Round(time.Microsecond), ag.p99.Round(time.Microsecond),
+			sg.perSec, sg.p50.Round(time.Microsecond), sg.p99.Round(time.Microsecond), sg.perSec/ag.perSec,
+			u.Microseconds(), sc.Microseconds(), (sc-u).Microseconds(), 100*float64(sc-u)/float64(sc)))
 	}
 	mbRows, err := runModbus(broker, bins, tmp, dur, mbList)
 	if err != nil {
@@ -233,18 +248,41 @@ func run(dur time.Duration, devList, mbList, out string) error {
 		if floorLine != "" {
 			fmt.Fprintln(f, "\n"+floorLine)
 		}
+		if len(signedRows) > 0 {
+			fmt.Fprintf(f, "\nSigned commands required (the controllers sign; docs/protocol.md §6) against the same run unsigned, same command:\n\n")
+			fmt.Fprintln(f, "| devices | unsigned cmds/s | p50 | p99 | signed cmds/s | p50 | p99 | signed/unsigned | agent CPU unsigned µs/cmd | signed µs/cmd | added |")
+			fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|")
+			for _, r := range signedRows {
+				fmt.Fprintln(f, r)
+			}
+		}
 		writeModbusTable(f, how, flags, dur, mbList, mbRows)
 	}
 	return nil
 }
 
+// agentCPU is the edge-agent process's CPU per command in a run (with
+// -inprocess, everything's: the meter then has one process for all).
+func agentCPU(st stats) time.Duration {
+	for i, name := range st.cpuNames {
+		if name == "edge-agent" && i < len(st.cpuParts) {
+			return st.cpuParts[i]
+		}
+	}
+	if len(st.cpuParts) > 0 {
+		return st.cpuParts[len(st.cpuParts)-1]
+	}
+	return 0
+}
+
 // agentTarget runs edge-agent in-process against the broker, with a
 // firmware simulator for its devices (-inprocess).
 type agentTarget struct {
-	dir  string
-	kind kind
-	a    *app.App
-	fw   *sim.Sim
+	dir     string
+	kind    kind
+	keyFile string // "": signatures not required
+	a       *app.App
+	fw      *sim.Sim
 }
 
 func (t *agentTarget) start(broker string, n int) error {
@@ -252,7 +290,7 @@ func (t *agentTarget) start(broker string, n int) error {
 	if t.fw, err = startSimInProcess(n); err != nil {
 		return err
 	}
-	yaml := agentYAML(t.dir, broker, "", t.fw.URL(), n)
+	yaml := agentYAML(t.dir, broker, "", t.fw.URL(), t.keyFile, n)
 	if t.kind.modbus() {
 		if err := t.fw.StartModbus("127.0.0.1:0"); err != nil {
 			return err
@@ -375,9 +413,13 @@ func startEcho(broker, deviceURL string, n int) (func(), error) {
 // agentYAML is the agent's configuration for the benchmark: n generic
 // devices d0.. at the firmware simulator simURL, every commit fsynced (the
 // default), the admin API on admin ("": none).
-func agentYAML(dataDir, broker, admin, simURL string, n int) string {
+func agentYAML(dataDir, broker, admin, simURL, keyFile string, n int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: %q\ndevices:\n", gw, dataDir, broker, n, admin)
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-bench-%d\nadmin:\n  listen: %q\n", gw, dataDir, broker, n, admin)
+	if keyFile != "" { // signatures required (docs/protocol.md §6)
+		fmt.Fprintf(&b, "security:\n  keys:\n    - {id: bench, public_key_file: %q}\n", keyFile)
+	}
+	b.WriteString("devices:\n")
 	for i := 0; i < n; i++ {
 		fmt.Fprintf(&b, "  - id: d%d\n    type: generic\n    driver: {url: %s, idempotent: true, queryable: true}\n", i, simURL)
 	}
@@ -422,18 +464,44 @@ const (
 	agentKind                     // edge-agent
 	agentModbusKind               // edge-agent, its devices over Modbus TCP
 	agentReadBackKind             // edge-agent, over Modbus TCP with verify: readback
+	agentSignedKind               // edge-agent requiring signed commands, which the controllers sign
 )
 
 func (k kind) String() string {
-	return [...]string{"echo", "device-echo", "edge-agent", "agent-modbus", "agent-mb-rb"}[k]
+	return [...]string{"echo", "device-echo", "edge-agent", "agent-modbus", "agent-mb-rb", "agent-signed"}[k]
+}
+
+// benchKey signs the controllers' commands in the agent-signed runs; its
+// public key is the agent's one security.keys entry ("bench").
+var benchKey = ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))
+
+// writeBenchKey writes benchKey's public key into dir for the agent.
+func writeBenchKey(dir string) (string, error) {
+	_, pub, err := jws.MarshalKeys(benchKey, benchKey.Public().(ed25519.PublicKey))
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	f := filepath.Join(dir, "bench.pub")
+	return f, os.WriteFile(f, pub, 0o644)
 }
 
 func (k kind) modbus() bool { return k == agentModbusKind || k == agentReadBackKind }
 
 func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
+	keyFile := ""
+	if t.kind == agentSignedKind {
+		var err error
+		if keyFile, err = writeBenchKey(t.dir); err != nil {
+			return nil, err
+		}
+	}
+	agentish := t.kind == agentKind || t.kind == agentSignedKind || t.kind.modbus()
 	switch {
-	case inProcess && (t.kind == agentKind || t.kind.modbus()):
-		at := &agentTarget{dir: t.dir, kind: t.kind}
+	case inProcess && agentish:
+		at := &agentTarget{dir: t.dir, kind: t.kind, keyFile: keyFile}
 		if err := at.start(broker, n); err != nil {
 			return nil, err
 		}
@@ -451,8 +519,8 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 		return func() { stop(); fw.Close() }, nil
 	case inProcess:
 		return startEcho(broker, "", 0)
-	case t.kind == agentKind || t.kind.modbus():
-		return startAgentProcesses(t.bins, t.dir, broker, n, m, t.kind)
+	case agentish:
+		return startAgentProcesses(t.bins, t.dir, broker, keyFile, n, m, t.kind)
 	case t.kind == deviceEchoKind:
 		url, _, stopSim, err := startSimProcess(t.bins, n, m, false)
 		if err != nil {
@@ -498,12 +566,12 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 				close(ch)
 			}
 		})
-	c := paho.NewClient(o)
-	if tk := c.Connect(); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
+	cl := paho.NewClient(o)
+	if tk := cl.Connect(); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
 		return stats{}, fmt.Errorf("controller connect: %v", tk.Error())
 	}
-	defer c.Disconnect(100)
-	if tk := c.Subscribe(reply, 1, nil); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
+	defer cl.Disconnect(100)
+	if tk := cl.Subscribe(reply, 1, nil); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
 		return stats{}, fmt.Errorf("controller subscribe: %v", tk.Error())
 	}
 	var (
@@ -528,13 +596,23 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 				if t.small {
 					params = fmt.Sprintf(`{"v":%d}`, i%60000)
 				}
-				b, _ := json.Marshal(wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply, Params: json.RawMessage(params)})
+				c := wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply, Params: json.RawMessage(params)}
+				if t.kind == agentSignedKind {
+					exp := time.Now().Add(time.Minute).UTC()
+					c.Gateway, c.Device, c.ExpiresAt = gw, dev, &exp
+				}
+				b, _ := json.Marshal(c)
+				if t.kind == agentSignedKind {
+					// Signed here, in the load generator: the agent's CPU
+					// is what the comparison is about.
+					b, _ = jws.Sign(benchKey, "bench", b)
+				}
 				done := make(chan struct{})
 				mu.Lock()
 				waiting[op] = done
 				mu.Unlock()
 				start := time.Now()
-				c.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
+				cl.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
 				select {
 				case <-done:
 				case <-time.After(30 * time.Second):

@@ -103,7 +103,7 @@ func startSimProcess(bins string, n int, m *cpuMeter, modbus bool) (string, stri
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
 // a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter, k kind) (func(), error) {
+func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, k kind) (func(), error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -119,7 +119,7 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter, k kind) (
 	admin := l.Addr().String()
 	l.Close()
 	cfg := filepath.Join(dir, "agent.yaml")
-	yaml := agentYAML(filepath.Join(dir, "data"), broker, admin, url, n)
+	yaml := agentYAML(filepath.Join(dir, "data"), broker, admin, url, keyFile, n)
 	if k.modbus() {
 		yaml = modbusYAML(filepath.Join(dir, "data"), broker, admin, mbAddr, n, k == agentReadBackKind)
 	}

@@ -1,17 +1,18 @@
 // Command edge-demo tells the story edge-agent exists for, in under a
 // minute, on the embedded defaults: an embedded MQTT broker, a simulated
-// pump, the agent, and two controllers, one of which pauses and wakes up
-// stale. `make demo` runs it.
+// pump, the agent, two controllers that sign their commands, one of which
+// pauses and wakes up stale, and a rogue publisher whose forged barrier is
+// refused. `make demo` runs it.
 package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
@@ -21,6 +22,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 func main() {
@@ -73,6 +75,20 @@ func run() error {
 	if err := bindDemoPolicies(cfg); err != nil {
 		return err
 	}
+	// Signed commands (docs/protocol.md §6): each controller has a key
+	// pair; the agent knows their public keys and requires signatures.
+	keys := map[string]ed25519.PrivateKey{}
+	for _, name := range []string{"controller-A", "controller-B"} {
+		_, priv, err := ed25519.GenerateKey(nil)
+		if err != nil {
+			return err
+		}
+		keys[name] = priv
+		cfg.Security.Keys = append(cfg.Security.Keys, &config.Key{ID: name, Devices: []string{"*"},
+			Public: []ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}})
+	}
+	required := true
+	cfg.Security.RequireSigned = &required
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	agent := app.New(cfg, app.Options{Logger: log, Version: "demo"})
 	if err := agent.Start(ctx); err != nil {
@@ -89,18 +105,19 @@ func run() error {
 	broker := agent.BrokerURL()
 	fmt.Printf("edge-agent is running: embedded MQTT broker on %s, firmware simulator on %s\n\n", broker, fw.URL())
 
-	a, err := newController("controller-A", broker)
+	a, err := newController("controller-A", broker, keys["controller-A"])
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	b, err := newController("controller-B", broker)
+	b, err := newController("controller-B", broker, keys["controller-B"])
 	if err != nil {
 		return err
 	}
 	defer b.close()
 
-	say("(The lock service is played by this script; `edgectl send --lock` takes real locks in etcd.)\n")
+	say("(The lock service is played by this script; `edgectl send --lock` takes real locks in etcd.")
+	say(" Each controller signs its commands with its own key; the agent knows their public keys.)\n")
 	say("1. Controller A takes the lock on pump-7. Its fencing token is 41.")
 	r := a.send("pump-7", "a-1", 41, "set", `{"rpm":1200}`)
 	say("   A: set rpm=1200                -> %s", show(r))
@@ -121,14 +138,26 @@ func run() error {
 	say("   A: resend a-1                  -> %s", show(r))
 	say("   The recorded outcome is replayed; nothing is written to the pump again.")
 
-	say("\n5. Someone publishes garbage on pump-7's command topic.")
-	r = b.sendRaw("pump-7", `{"op_id":"junk","fence":"lots","action":"set"}`, "junk")
+	say("\n5. B publishes garbage on pump-7's command topic (signed, but malformed).")
+	r = b.sendRaw("pump-7", b.sign("pump-7", `{"op_id":"junk","fence":"lots","action":"set",`+b.binding("pump-7")+`}`), "junk")
 	say("   garbage                        -> %s", show(r))
 	r = b.send("pump-7", "b-2", 42, "set", `{"rpm":900}`)
 	say("   The agent carries on. B: set rpm=900 -> %s", show(r))
 
+	say("\n6. A rogue publisher, let in by the broker, tries to lock every owner out for good:")
+	say("   a barrier with the highest fence there is, 9223372036854775807, and no valid signature.")
+	rogue, err := newController("rogue", broker, nil)
+	if err != nil {
+		return err
+	}
+	defer rogue.close()
+	r = rogue.sendRaw("pump-7", `{"op_id":"rogue-1","fence":9223372036854775807,"action":"fence"}`, "rogue-1")
+	say("   rogue: fence 9223372036854775807 -> %s", show(r))
+	r = b.send("pump-7", "b-5", 42, "set", `{"rpm":1000}`)
+	say("   Nothing was written or raised. B carries on: set rpm=1000 -> %s", show(r))
+
 	if policiesBound(cfg) {
-		say("\n6. pump-7 has a policy plugin (WebAssembly): rpm must stay within 0..3000.")
+		say("\n7. pump-7 has a policy plugin (WebAssembly): rpm must stay within 0..3000.")
 		r = b.send("pump-7", "b-3", 42, "set", `{"rpm":4000}`)
 		say("   B: set rpm=4000                -> %s", show(r))
 		say("   valve-1's policy clamps instead of refusing: open at most 80%%.")
@@ -141,7 +170,7 @@ func run() error {
 		fmt.Printf("   #%d %-8s %-4s fence %d  %-12s by op %s\n", e.Seq, e.Device, e.Action, e.Fence, string(e.Params), e.OpID)
 	}
 	fmt.Println("\nOnly the writes that should have happened are there: none from the stale controller,")
-	fmt.Println("no second copy of a-1, nothing the policy denied, and the clamped valve at 80%.")
+	fmt.Println("no second copy of a-1, nothing from the rogue, nothing the policy denied, and the clamped valve at 80%.")
 	return nil
 }
 
@@ -164,13 +193,14 @@ func show(r wire.Result) string {
 // with its own reply topic and waits for each Result.
 type controller struct {
 	name    string
+	key     ed25519.PrivateKey // nil: sends unsigned commands
 	c       paho.Client
 	replyTo string
 	results chan wire.Result
 }
 
-func newController(name, broker string) (*controller, error) {
-	k := &controller{name: name, replyTo: "demo/" + name + "/reply", results: make(chan wire.Result, 16)}
+func newController(name, broker string, key ed25519.PrivateKey) (*controller, error) {
+	k := &controller{name: name, key: key, replyTo: "demo/" + name + "/reply", results: make(chan wire.Result, 16)}
 	o := paho.NewClientOptions().AddBroker(broker).SetClientID(name).SetCleanSession(true)
 	k.c = paho.NewClient(o)
 	if t := k.c.Connect(); !t.WaitTimeout(5*time.Second) || t.Error() != nil {
@@ -189,18 +219,38 @@ func newController(name, broker string) (*controller, error) {
 }
 
 func (k *controller) send(dev, op string, fence int64, action, params string) wire.Result {
-	b, _ := json.Marshal(wire.Command{OpID: op, Fence: fence, Action: action, Params: json.RawMessage(params), Holder: k.name, ReplyTo: k.replyTo})
-	return k.sendRaw(dev, string(b), op)
+	exp := time.Now().Add(time.Minute).UTC()
+	b, _ := json.Marshal(wire.Command{OpID: op, Fence: fence, Action: action, Params: json.RawMessage(params), Holder: k.name,
+		ReplyTo: k.replyTo, Gateway: "gw-1", Device: dev, ExpiresAt: &exp})
+	return k.sendRaw(dev, k.sign(dev, string(b)), op)
+}
+
+// binding is the members that tie a signed command to its topic and a
+// minute (docs/protocol.md §6), as JSON members.
+func (k *controller) binding(dev string) string {
+	return fmt.Sprintf(`"gateway":"gw-1","device":%q,"expires_at":%q`, dev, time.Now().Add(time.Minute).UTC().Format(time.RFC3339))
+}
+
+// sign makes payload a JWS by the controller's key (unchanged without one).
+func (k *controller) sign(dev, payload string) string {
+	if k.key == nil {
+		return payload
+	}
+	b, err := jws.Sign(k.key, k.name, []byte(payload))
+	if err != nil {
+		panic(err) // the names above are valid key IDs
+	}
+	return string(b)
 }
 
 func (k *controller) sendRaw(dev, payload, op string) wire.Result {
-	if !strings.Contains(payload, `"reply_to"`) {
-		// Malformed commands cannot name a reply topic that is read;
-		// their Result goes to the device's result topic.
+	if k.key == nil || op == "junk" {
+		// Malformed and unsigned commands cannot name a reply topic that
+		// is read; their Result goes to the device's result topic.
 		ch := make(chan wire.Result, 1)
 		t := k.c.Subscribe(wire.ResultTopic(wire.DefaultPrefix, "gw-1", dev), 1, func(_ paho.Client, m paho.Message) {
 			var r wire.Result
-			if json.Unmarshal(m.Payload(), &r) == nil && r.Code == wire.CodeInvalid {
+			if json.Unmarshal(m.Payload(), &r) == nil && r.OpID == op {
 				select {
 				case ch <- r:
 				default:

@@ -1,6 +1,8 @@
 // Command edgectl is the operator's tool for edge-agent (docs/protocol.md §4):
-// `send` one fenced command and await its Result, `watch` Results and
-// device states, `status` of an agent's devices. main is wiring only.
+// `send` one fenced (optionally signed) command and await its Result,
+// `watch` Results and device states, `status` of an agent's devices,
+// `resolve` an unknown write, `keygen` a key pair for signed commands.
+// main is wiring only.
 //
 // Exit status: 0 when the command was applied (or watch/status succeeded),
 // 1 for any other outcome or failure, 2 for a usage error.
@@ -38,14 +40,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root := &cobra.Command{
 		Use:           "edgectl",
 		Short:         "Send fenced commands to edge-agent devices and watch them",
+		Version:       versionLine(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("edgectl {{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(sendCmd(), watchCmd(), statusCmd())
+	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), resolveCmd())
 	err := root.Execute()
 	if err == nil {
 		return 0

@@ -18,17 +18,21 @@ import (
 
 	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 type sendFlags struct {
-	broker, gateway, device, action string
-	params                          []string
-	fence                           int64
-	lock, etcd                      string
-	opID                            string
-	timeout                         time.Duration
-	prefix                          string
-	ttl                             time.Duration
+	mqtt                    mqttFlags
+	gateway, device, action string
+	params                  []string
+	fence                   int64
+	lock, etcd              string
+	opID                    string
+	timeout                 time.Duration
+	prefix                  string
+	ttl                     time.Duration
+	signKey, keyID          string
+	asJSON                  bool
 }
 
 func sendCmd() *cobra.Command {
@@ -49,7 +53,7 @@ else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSend(cmd.Context(), f, cmd.OutOrStdout()) },
 	}
 	fl := c.Flags()
-	fl.StringVar(&f.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 (required)")
+	f.mqtt.add(fl)
 	fl.StringVar(&f.gateway, "gateway", "", "gateway ID (required)")
 	fl.StringVar(&f.device, "device", "", "device ID (required)")
 	fl.StringVar(&f.action, "action", "", "action (required)")
@@ -61,6 +65,9 @@ else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "overall deadline (lock, send and Result)")
 	fl.StringVar(&f.prefix, "prefix", wire.DefaultPrefix, "MQTT topic prefix")
 	fl.DurationVar(&f.ttl, "lock-ttl", 10*time.Second, "lease TTL of the lock (with --lock)")
+	fl.StringVar(&f.signKey, "sign-key", "", "sign the command with this Ed25519 private key (PKCS#8 PEM, edgectl keygen), with --key-id")
+	fl.StringVar(&f.keyID, "key-id", "", "the key's id in the agent's security.keys (with --sign-key)")
+	fl.BoolVar(&f.asJSON, "json", false, "print the Result as one line of JSON")
 	return c
 }
 
@@ -95,8 +102,6 @@ func parseParams(kvs []string) (json.RawMessage, error) {
 
 func (f sendFlags) validate() error {
 	switch {
-	case f.broker == "":
-		return usagef("--broker is required")
 	case f.gateway == "":
 		return usagef("--gateway is required")
 	case f.device == "":
@@ -111,6 +116,8 @@ func (f sendFlags) validate() error {
 		return usagef("--op-id %q is not a valid op_id ([A-Za-z0-9._:-]{1,128})", f.opID)
 	case f.timeout <= 0:
 		return usagef("--timeout must be positive")
+	case (f.signKey == "") != (f.keyID == ""):
+		return usagef("--sign-key and --key-id go together")
 	}
 	byFence := f.fence != 0
 	byLock := f.etcd != "" || (!byFence && f.lock != "")
@@ -135,6 +142,34 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	co, err := f.mqtt.options(f.gateway, f.prefix)
+	if err != nil {
+		return err
+	}
+	so := &controller.SendOptions{OnUnknown: func(r wire.Result) {
+		// Interim: the agent resolves the write with the device and
+		// publishes the final Result to the same reply topic.
+		if f.asJSON {
+			b, _ := json.Marshal(r)
+			fmt.Fprintln(stdout, string(b))
+			return
+		}
+		fmt.Fprintf(stdout, "interim: %s/%s: %s (waiting for the final Result)\n", r.Status, r.Code, r.Reason)
+	}}
+	if f.signKey != "" {
+		b, err := os.ReadFile(f.signKey)
+		if err != nil {
+			return usagef("--sign-key: %v", err)
+		}
+		if so.SignKey, err = jws.ParsePrivateKey(b); err != nil {
+			return usagef("--sign-key %s: %v", f.signKey, err)
+		}
+		if !jws.ValidKeyID(f.keyID) {
+			return usagef("--key-id %q: want [A-Za-z0-9._:-]{1,64}", f.keyID)
+		}
+		so.KeyID = f.keyID
+		so.ExpiresIn = min(f.timeout+5*time.Second, 10*time.Minute)
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -143,7 +178,7 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 
-	conn, err := controller.Dial(ctx, controller.ConnOptions{Broker: f.broker, Gateway: f.gateway, Prefix: f.prefix})
+	conn, err := controller.Dial(ctx, co)
 	if err != nil {
 		return err
 	}
@@ -173,7 +208,7 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 		}()
 		owner = holder
 	}
-	s := controller.NewSender(conn, owner, nil)
+	s := controller.NewSender(conn, owner, so)
 	var opts []controller.CallOption
 	if f.opID != "" {
 		opts = append(opts, controller.WithOpID(f.opID))
@@ -187,7 +222,12 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	}
 	r, err := s.Send(sctx, f.device, f.action, params, opts...)
 	if r.OpID != "" {
-		b, _ := json.MarshalIndent(r, "", "  ")
+		var b []byte
+		if f.asJSON {
+			b, _ = json.Marshal(r)
+		} else {
+			b, _ = json.MarshalIndent(r, "", "  ")
+		}
 		fmt.Fprintln(stdout, string(b))
 	}
 	if err != nil {

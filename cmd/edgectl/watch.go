@@ -19,10 +19,12 @@ import (
 
 	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 func watchCmd() *cobra.Command {
-	var broker, gateway, prefix string
+	var mf mqttFlags
+	var gateway, prefix string
 	var duration time.Duration
 	c := &cobra.Command{
 		Use:   "watch",
@@ -32,8 +34,12 @@ topics), every DeviceState and the gateway status as they arrive, one
 line each: time, kind, topic, payload. Runs until interrupted (or --for).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if broker == "" || gateway == "" {
-				return usagef("--broker and --gateway are required")
+			if gateway == "" {
+				return usagef("--gateway is required")
+			}
+			co, err := mf.options(gateway, prefix)
+			if err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -42,17 +48,18 @@ line each: time, kind, topic, payload. Runs until interrupted (or --for).`,
 				ctx, cancel = context.WithTimeout(ctx, duration)
 				defer cancel()
 			}
-			return watch(ctx, broker, gateway, prefix, cmd.OutOrStdout())
+			return watch(ctx, co, cmd.OutOrStdout())
 		},
 	}
-	c.Flags().StringVar(&broker, "broker", "", "MQTT broker URL (required)")
+	mf.add(c.Flags())
 	c.Flags().StringVar(&gateway, "gateway", "", "gateway ID (required)")
 	c.Flags().StringVar(&prefix, "prefix", wire.DefaultPrefix, "MQTT topic prefix")
 	c.Flags().DurationVar(&duration, "for", 0, "stop after this long (default: until interrupted)")
 	return c
 }
 
-func watch(ctx context.Context, broker, gw, prefix string, out io.Writer) error {
+func watch(ctx context.Context, co controller.ConnOptions, out io.Writer) error {
+	broker, gw, prefix := co.Broker, co.Gateway, co.Prefix
 	filters := map[string]byte{
 		wire.ResultFilter(prefix, gw):          1,
 		wire.StateFilter(prefix, gw):           1,
@@ -62,6 +69,7 @@ func watch(ctx context.Context, broker, gw, prefix string, out io.Writer) error 
 	var mu sync.Mutex
 	lines := make(chan string, 1024)
 	opts := paho.NewClientOptions().AddBroker(broker).
+		SetUsername(co.Username).SetPassword(co.Password).SetTLSConfig(co.TLS).
 		SetClientID("edgectl-watch-" + controller.NewOpID()[:8]).
 		SetCleanSession(true).SetAutoReconnect(true).SetConnectRetry(false).
 		SetConnectTimeout(5 * time.Second).
@@ -73,7 +81,7 @@ func watch(ctx context.Context, broker, gw, prefix string, out io.Writer) error 
 			case m.Topic() == wire.StatusTopic(prefix, gw):
 				kind = "status"
 			}
-			l := fmt.Sprintf("%s %-6s %s %s", time.Now().UTC().Format(time.RFC3339Nano), kind, m.Topic(), compact(m.Payload()))
+			l := fmt.Sprintf("%s %-6s %s %s", time.Now().UTC().Format(time.RFC3339Nano), kind, m.Topic(), shown(m.Payload(), co))
 			// Never block in a handler: drop a line if the printer lags.
 			select {
 			case lines <- l:
@@ -101,6 +109,27 @@ func watch(ctx context.Context, broker, gw, prefix string, out io.Writer) error 
 	}
 }
 
+// shown is a payload as watch prints it: JSON compacted; a JWS (a signed
+// Result or DeviceState) as its payload, marked "(signed kid=..., verified|
+// unverified|BAD SIGNATURE)".
+func shown(b []byte, co controller.ConnOptions) string {
+	if !jws.Looks(b) {
+		return compact(b)
+	}
+	tok, err := jws.Parse(b)
+	if err != nil {
+		return fmt.Sprintf("%q (not a valid JWS: %v)", b, err)
+	}
+	mark := "unverified"
+	if co.ResultKey != nil {
+		mark = "verified"
+		if tok.Header.Kid != co.Gateway || tok.Verify(co.ResultKey) != nil {
+			mark = "BAD SIGNATURE"
+		}
+	}
+	return fmt.Sprintf("%s (signed kid=%s, %s)", compact(tok.Payload), tok.Header.Kid, mark)
+}
+
 func compact(b []byte) string {
 	var v json.RawMessage
 	if json.Unmarshal(b, &v) == nil {
@@ -112,32 +141,33 @@ func compact(b []byte) string {
 }
 
 func statusCmd() *cobra.Command {
-	var admin string
+	var af adminFlags
 	c := &cobra.Command{
 		Use:   "status",
 		Short: "Show a table of the agent's devices (GET /v1/devices)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if admin == "" {
-				return usagef("--admin is required")
+			if err := af.resolve(); err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			return status(ctx, admin, cmd.OutOrStdout())
+			return status(ctx, af, cmd.OutOrStdout())
 		},
 	}
-	c.Flags().StringVar(&admin, "admin", "", "agent admin URL, e.g. http://127.0.0.1:9464 (required)")
+	af.add(c.Flags())
 	return c
 }
 
-func status(ctx context.Context, admin string, out io.Writer) error {
-	if !strings.Contains(admin, "://") {
-		admin = "http://" + admin
-	}
-	url := strings.TrimRight(admin, "/") + "/v1/devices"
+func status(ctx context.Context, af adminFlags, out io.Writer) error {
+	admin := af.admin
+	url := admin + "/v1/devices"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return usagef("--admin %q: %v", admin, err)
+	}
+	if af.token != "" {
+		req.Header.Set("Authorization", "Bearer "+af.token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

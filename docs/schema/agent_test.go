@@ -127,8 +127,8 @@ func buildRangeLimit(t *testing.T, dir string) {
 
 // The agent's real messages validate against the schemas. One agent, on a
 // real mosquitto, in front of firmware-sim, is sent commands that end in
-// every code the agent produces today (unauthorized is not enforced yet:
-// signed commands are planned), a replay of a recorded outcome, an
+// every code the agent produces on a gateway without signed commands
+// (unauthorized: TestUnauthorizedResultsValidate), a replay of a recorded outcome, an
 // unknown outcome and its resolution, Results to reply_to; every Result,
 // DeviceState and status message it publishes is captured from the broker
 // and validated, and so is every command sent (those the agent answered
@@ -384,7 +384,7 @@ devices:
 	for _, c := range wire.Codes {
 		if c == wire.CodeUnauthorized {
 			if seen[c] {
-				t.Errorf("an unauthorized Result, but signed commands are not enforced on this branch: update this test and docs/protocol.md")
+				t.Errorf("an unauthorized Result from a gateway that does not require signed commands")
 			}
 			continue
 		}

@@ -143,6 +143,10 @@ type AdminOptions struct {
 	Token    string              // required as a Bearer token on POST when set
 	Ready    func() error        // nil error: ready
 	Gatherer prometheus.Gatherer // for /metrics; nil: the default
+	// OffLoopback: admin.listen is not a loopback address, so every
+	// endpoint but /healthz, /readyz and /metrics needs the token
+	// (admin_access.go). False: GETs are open.
+	OffLoopback bool
 }
 
 // AdminHandler serves docs/protocol.md §3.
@@ -221,6 +225,9 @@ func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, res)
 	})
+	if o.OffLoopback {
+		return tokenGate(mux, o.Token)
+	}
 	return mux
 }
 

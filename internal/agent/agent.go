@@ -8,6 +8,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
@@ -57,10 +59,17 @@ type Delivery struct {
 // required; zero values of the rest mean the documented defaults.
 type Options struct {
 	Config    *config.Config
-	Store     *store.Store                    // started
-	Publisher Publisher                       // the MQTT session
-	Drivers   map[string]device.Driver        // per device ID
-	Policy    policy.Evaluator                // nil: allow everything
+	Store     *store.Store             // started
+	Publisher Publisher                // the MQTT session
+	Drivers   map[string]device.Driver // per device ID
+	Policy    policy.Evaluator         // nil: allow everything
+	// Auth checks signed commands (docs/protocol.md §6). Nil: no keys,
+	// signatures not required (a signed command is then invalid).
+	Auth *auth.Verifier
+	// ResultKey, when set, signs every Result and DeviceState the agent
+	// publishes (a JWS with kid = gateway_id, docs/protocol.md §6). Nil:
+	// they are published as plain JSON.
+	ResultKey ed25519.PrivateKey
 	Logger    *slog.Logger                    // nil: slog.Default()
 	Registry  prometheus.Registerer           // nil: metrics are not registered
 	Now       func() time.Time                // nil: time.Now
@@ -83,6 +92,7 @@ type Agent struct {
 	devs    map[string]*devRT
 	workers map[string]*worker
 	pub     *publisher
+	auth    *authState
 
 	incoming chan Delivery
 	acks     chan *arrival
@@ -168,6 +178,15 @@ func New(o Options) (*Agent, error) {
 		}
 		a.devs[d.ID] = rt
 	}
+	if o.Auth == nil {
+		v, err := auth.New(auth.Options{Gateway: o.Config.GatewayID})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		o.Auth = v
+		a.o.Auth = v
+	}
+	a.auth = newAuthState(o.Auth, a.DeviceIDs(), o.Registry)
 	a.pub = newPublisher(a)
 	return a, nil
 }

@@ -118,19 +118,27 @@ const (
 // Arrival is what is known of a delivery before the store is read.
 type Arrival struct {
 	Retained bool
-	Empty    bool             // no payload
-	CmdTopic bool             // the topic is one of this gateway's cmd topics
-	ParseErr *wire.ParseError // the payload is not a valid Command
-	Known    bool             // the device is configured
+	Empty    bool // no payload
+	CmdTopic bool // the topic is one of this gateway's cmd topics
+	// Unauthorized: the device requires signatures and the payload is not
+	// a valid JWS by a key allowed for it, with the binding of
+	// docs/protocol.md §6 (auth.Verifier.Open).
+	Unauthorized bool
+	ParseErr     *wire.ParseError // the payload is not a valid Command
+	Known        bool             // the device is configured
 }
 
 // Arrive is step 1 of the order of checks up to the store: RETAIN=1 ->
-// (unauthorized, §6) -> invalid -> unknown_device; a command that passes
-// goes on to Dedup.
+// unauthorized (§6) -> invalid -> unknown_device; a command that passes
+// goes on to Dedup. An unauthorized command is decided before anything
+// is read or written: it claims no op_id, raises no fence and takes no
+// queue slot.
 func Arrive(a Arrival) (Admission, wire.Code) {
 	switch {
 	case a.Retained, a.Empty, !a.CmdTopic:
 		return AdmitIgnore, ""
+	case a.Unauthorized:
+		return AdmitAnswer, wire.CodeUnauthorized
 	case a.ParseErr != nil:
 		return AdmitAnswer, wire.CodeInvalid
 	case !a.Known:

@@ -33,6 +33,11 @@ func TestArriveOrder(t *testing.T) {
 		code wire.Code
 	}{
 		{"retained is ignored before anything", Arrival{Retained: true, CmdTopic: true, ParseErr: pe}, AdmitIgnore, ""},
+		{"retained is ignored before unauthorized", Arrival{Retained: true, CmdTopic: true, Unauthorized: true, Known: true}, AdmitIgnore, ""},
+		{"an empty payload is ignored before unauthorized", Arrival{Empty: true, CmdTopic: true, Unauthorized: true}, AdmitIgnore, ""},
+		{"unauthorized before invalid", Arrival{CmdTopic: true, Unauthorized: true, ParseErr: pe, Known: true}, AdmitAnswer, wire.CodeUnauthorized},
+		{"unauthorized before unknown_device", Arrival{CmdTopic: true, Unauthorized: true}, AdmitAnswer, wire.CodeUnauthorized},
+		{"unauthorized on a known device, never to dedup", Arrival{CmdTopic: true, Unauthorized: true, Known: true}, AdmitAnswer, wire.CodeUnauthorized},
 		{"empty payload is ignored", Arrival{Empty: true, CmdTopic: true}, AdmitIgnore, ""},
 		{"not a cmd topic is ignored", Arrival{Known: true}, AdmitIgnore, ""},
 		{"invalid before unknown_device", Arrival{CmdTopic: true, ParseErr: pe}, AdmitAnswer, wire.CodeInvalid},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -58,15 +59,14 @@ func (a *Agent) admit(d Delivery) *arrival {
 	pfx, gw := a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID
 	dev, isCmd := wire.DeviceFromCmdTopic(pfx, gw, d.Topic)
 	var pe *wire.ParseError
+	var unauth *auth.Error
 	var cmd wire.Command
 	if isCmd && !d.Retained && len(d.Payload) > 0 {
-		var err error
-		if cmd, err = wire.ParseCommand(d.Payload); err != nil {
-			errors.As(err, &pe)
-		}
+		cmd, unauth, pe = a.open(dev, d.Payload)
 	}
 	rt := a.devs[dev]
-	kind, code := Arrive(Arrival{Retained: d.Retained, Empty: len(d.Payload) == 0, CmdTopic: isCmd, ParseErr: pe, Known: rt != nil})
+	kind, code := Arrive(Arrival{Retained: d.Retained, Empty: len(d.Payload) == 0, CmdTopic: isCmd,
+		Unauthorized: unauth != nil, ParseErr: pe, Known: rt != nil})
 	ar.dev, ar.cmd = dev, cmd
 	switch {
 	case d.Retained:
@@ -82,6 +82,9 @@ func (a *Agent) admit(d Delivery) *arrival {
 		if len(d.Payload) > 0 {
 			a.log.Warn("ignoring a message on an unexpected topic", "topic", clip(d.Topic, 120))
 		}
+		return ar
+	case code == wire.CodeUnauthorized:
+		a.unauthorized(ar, dev, d.Payload, unauth)
 		return ar
 	case kind == AdmitAnswer:
 		var lf int64

@@ -3,11 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // pubItem is one message to publish: a Result from the outbox (seq > 0:
@@ -21,6 +23,7 @@ type pubItem struct {
 	retained bool
 	dev      string
 	done     chan struct{}
+	signed   bool // payload is already signed (publisher.sign)
 }
 
 func outboxItem(e store.Outbox) pubItem {
@@ -119,7 +122,7 @@ func (p *publisher) push(it pubItem) {
 		// still waiting to be sent: only the latest matters.
 		for i := len(p.q) - 1; i >= 0 && i >= len(p.q)-64; i-- {
 			if q := &p.q[i]; q.retained && q.seq == 0 && q.done == nil && q.topic == it.topic && len(q.payload) > 0 {
-				q.payload = it.payload
+				q.payload, q.signed = it.payload, false
 				p.mu.Unlock()
 				return
 			}
@@ -196,6 +199,10 @@ func (p *publisher) loop() {
 			if next.seq > 0 {
 				failpoint.Hit(failpoint.BeforePublish, "")
 			}
+			if err := p.sign(next); err != nil {
+				p.drop(*next, err)
+				continue
+			}
 			pend, err := a.o.Publisher.PublishAsync(p.ctx, next.topic, next.payload, next.retained)
 			if err == nil {
 				fly = append(fly, inflight{*next, pend})
@@ -263,6 +270,24 @@ func (p *publisher) loop() {
 			a.st.Later(func(tx *store.Tx) error { return tx.OutboxDelete(seq) })
 		}
 	}
+}
+
+// sign makes it a JWS signed with the gateway's key (Options.ResultKey,
+// kid = gateway_id), once: an item sent again after a failed publish
+// keeps its signed payload. The clearing of a retained command (an empty
+// payload) stays empty. Signing here, off the commit path, keeps the
+// outbox in plain JSON: a key changed across a restart signs what is
+// published from then on.
+func (p *publisher) sign(it *pubItem) error {
+	if p.a.o.ResultKey == nil || it.signed || len(it.payload) == 0 {
+		return nil
+	}
+	b, err := jws.Sign(p.a.o.ResultKey, p.a.cfg.GatewayID, it.payload)
+	if err != nil {
+		return fmt.Errorf("signing: %w", err)
+	}
+	it.payload, it.signed = b, true
+	return nil
 }
 
 // drop gives up an item that can never be published: a Result leaves the

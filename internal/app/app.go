@@ -103,24 +103,38 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg); err != nil {
 		return err
 	}
-	brokerURL := cfg.MQTT.Broker
+	brokerURL, username, password := cfg.MQTT.Broker, cfg.MQTT.Username, cfg.MQTT.Password
+	tlsOpts := mqtt.TLSOptions{CAFile: cfg.MQTT.TLS.CAFile, CertFile: cfg.MQTT.TLS.CertFile, KeyFile: cfg.MQTT.TLS.KeyFile}
 	if cfg.MQTT.Broker == "embedded" {
-		a.brk, err = mqtt.NewEmbedded(mqtt.EmbeddedOptions{Listen: cfg.MQTT.EmbeddedListen,
-			DataDir: filepath.Join(cfg.DataDir, "broker"), Logger: a.log})
+		m := cfg.MQTT
+		a.brk, err = mqtt.NewEmbedded(mqtt.EmbeddedOptions{Listen: m.EmbeddedListen,
+			DataDir: filepath.Join(cfg.DataDir, "broker"), Logger: a.log,
+			Passwords: m.Embedded.Passwords, AllowAnonymous: m.EmbeddedAllowAnonymous,
+			ACL: m.Embedded.ACL, TLS: m.Embedded.TLS, AgentClientID: m.ClientID})
 		if err != nil {
 			return fmt.Errorf("%w: mqtt.embedded_listen: %v", ErrConfig, err)
 		}
 		if err := a.brk.Start(ctx); err != nil {
 			return fmt.Errorf("embedded broker on %s: %w", cfg.MQTT.EmbeddedListen, err)
 		}
-		brokerURL = a.brk.URL()
+		// The agent reaches its own broker on its own listener, whatever
+		// the public one requires (internal/mqtt/embedauth.go).
+		brokerURL, username, password = a.brk.AgentURL()
+		tlsOpts = mqtt.TLSOptions{}
+		a.log.Info("embedded broker listening", "addr", a.brk.Addr(), "tls", m.Embedded.TLS != nil,
+			"password_file", m.EmbeddedPasswordFile != "", "acl_file", m.EmbeddedACLFile != "")
 	}
 	var ev policy.Evaluator
 	if a.host != nil {
 		ev = a.host
 	}
+	ver, err := buildAuth(cfg)
+	if err != nil {
+		return err
+	}
 	a.ag, err = agent.New(agent.Options{Config: cfg, Store: a.st, Publisher: &a.pub, Drivers: drv,
-		Policy: ev, Logger: a.log, Registry: a.reg})
+		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
+		Logger: a.log, Registry: a.reg})
 	if err != nil {
 		return err
 	}
@@ -132,8 +146,8 @@ func (a *App) Start(ctx context.Context) (err error) {
 	offline := mustJSON(wire.GatewayStatus{State: "offline", Version: a.o.Version})
 	a.mc, err = mqtt.New(mqtt.Options{
 		Broker: brokerURL, ClientID: cfg.MQTT.ClientID,
-		Username: cfg.MQTT.Username, Password: cfg.MQTT.Password,
-		TLS:           mqtt.TLSOptions{CAFile: cfg.MQTT.TLS.CAFile, CertFile: cfg.MQTT.TLS.CertFile, KeyFile: cfg.MQTT.TLS.KeyFile},
+		Username: username, Password: password,
+		TLS:           tlsOpts,
 		Subscriptions: []string{wire.CmdFilter(cfg.MQTT.TopicPrefix, cfg.GatewayID)},
 		Handler: func(m *mqtt.Message) {
 			a.ag.Deliver(agent.Delivery{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained, Ack: m.Ack})
@@ -151,7 +165,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
 		}
 		a.adm = &http.Server{Handler: a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready}), ReadHeaderTimeout: 5 * time.Second}
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen)}), ReadHeaderTimeout: 5 * time.Second}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
@@ -173,7 +187,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			a.host.Watch(wctx)
 		}()
 	}
-	a.log.Info("edge-agent running", "gateway", cfg.GatewayID, "broker", brokerURL, "devices", len(cfg.Devices), "version", a.o.Version)
+	a.log.Info("edge-agent running", "gateway", cfg.GatewayID, "broker", a.BrokerURL(), "devices", len(cfg.Devices), "version", a.o.Version)
 	return nil
 }
 
@@ -218,12 +232,17 @@ func (a *App) AdminAddr() string {
 	return a.ln.Addr().String()
 }
 
-// Reload reloads the policy plugins (SIGHUP).
+// Reload reloads the controllers' public keys and the policy plugins
+// (SIGHUP). Each is all or nothing: a key file that cannot be read keeps
+// every key in use, and is an error naming the key; likewise for plugins.
 func (a *App) Reload(ctx context.Context) error {
-	if a.host == nil {
-		return nil
+	err := a.reloadKeys()
+	if a.host != nil {
+		if perr := a.host.Reload(ctx); perr != nil {
+			err = errors.Join(err, fmt.Errorf("policy: %w", perr))
+		}
 	}
-	return a.host.Reload(ctx)
+	return err
 }
 
 // Stop drains within ctx (shutdown_timeout) and closes everything. A

@@ -52,6 +52,7 @@ type Config struct {
 	Dedup           Dedup     `yaml:"dedup"`
 	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
 	Devices         []*Device `yaml:"devices"`
+	Security        Security  `yaml:"security"` // signed commands (security.go)
 }
 
 // MQTT is the broker session.
@@ -64,6 +65,13 @@ type MQTT struct {
 	Password       string `yaml:"password"`
 	PasswordFile   string `yaml:"password_file"`
 	TLS            TLS    `yaml:"tls"`
+	// The embedded broker's authentication, ACL and TLS (security.go).
+	EmbeddedPasswordFile   string      `yaml:"embedded_password_file"`
+	EmbeddedACLFile        string      `yaml:"embedded_acl_file"`
+	EmbeddedTLS            EmbeddedTLS `yaml:"embedded_tls"`
+	EmbeddedAllowAnonymous bool        `yaml:"embedded_allow_anonymous"`
+	// Embedded is what validate read of those files.
+	Embedded Embedded `yaml:"-"`
 }
 
 // TLS files for ssl:// brokers.
@@ -255,6 +263,7 @@ func (c *Config) defaults() {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(DefaultShutdownTimeout)
 	}
+	c.defaultsSecurity()
 	for _, d := range c.Devices {
 		if d == nil {
 			continue
@@ -310,6 +319,7 @@ func (c *Config) check(p *problems) {
 	for i, d := range c.Devices {
 		c.checkDevice(p, i, d, seen)
 	}
+	c.checkSecurity(p)
 }
 
 func (c *Config) checkMQTT(p *problems) {
@@ -401,13 +411,14 @@ func (c *Config) checkDevice(p *problems, i int, d *Device, seen map[string]int)
 // and converts the policy configs to JSON.
 func (c *Config) readFiles(p *problems) {
 	if c.MQTT.PasswordFile != "" {
-		b, err := os.ReadFile(c.MQTT.PasswordFile)
+		b, err := ReadFile(c.MQTT.PasswordFile)
 		if err != nil {
 			p.add("mqtt.password_file", "%v", err)
 		} else {
-			c.MQTT.Password = strings.TrimRight(string(b), "\r\n")
+			c.MQTT.Password = trimNewline(b)
 		}
 	}
+	c.readSecurityFiles(p)
 	for i, d := range c.Devices {
 		if d.Policy == nil || d.Policy.Config.Kind == 0 {
 			continue

@@ -2,6 +2,7 @@ package mqtt
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,11 +15,12 @@ import (
 	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/hooks/storage/bolt"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
 )
 
 // EmbeddedDBFile is the name of the embedded broker's bbolt file in its
@@ -45,6 +47,25 @@ type EmbeddedOptions struct {
 	// Logger receives mochi-mqtt's log (at Warn: "client store quota
 	// reached" and the like). Nil means no logging.
 	Logger *slog.Logger
+
+	// The public listener's access rules (embedauth.go).
+	//
+	// Passwords, when set, makes a client present a user and password
+	// from it. Nil: no password file, every client is let in.
+	Passwords *mosq.Passwords
+	// AllowAnonymous lets clients without a user name in when Passwords
+	// is set. False: they are refused.
+	AllowAnonymous bool
+	// ACL, when set, says who may publish and subscribe where. Nil:
+	// everyone everywhere.
+	ACL *mosq.ACL
+	// TLS, when set, makes the public listener TLS (with client
+	// certificates when it requires them). Nil: plain TCP.
+	TLS *tls.Config
+	// AgentClientID is refused on the public listener: the agent's
+	// persistent session is reachable only through its own listener
+	// (AgentURL). "": nothing is refused.
+	AgentClientID string
 }
 
 // StoreSyncInterval is how often the embedded broker's store is fsynced
@@ -98,6 +119,8 @@ type Embedded struct {
 	mu      sync.Mutex
 	srv     *mochi.Server
 	tcp     *listeners.TCP
+	agent   *listeners.TCP // the agent's own listener (embedauth.go)
+	auth    *authHook
 	started bool
 	closed  bool
 
@@ -201,7 +224,11 @@ func (e *Embedded) Start(ctx context.Context) error {
 		Capabilities: EmbeddedCapabilities(),
 		Logger:       slog.New(minLevel{e.log.Handler(), slog.LevelWarn}).With("component", "mochi-mqtt"),
 	})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+	ah, err := newAuthHook(e.o)
+	if err != nil {
+		return fmt.Errorf("mqtt: embedded broker auth: %w", err)
+	}
+	if err := srv.AddHook(ah, nil); err != nil {
 		return fmt.Errorf("mqtt: embedded broker auth hook: %w", err)
 	}
 	store := newSessionHook() // mochi's bolt hook, with fixes (see sessionHook)
@@ -209,16 +236,21 @@ func (e *Embedded) Start(ctx context.Context) error {
 	if err := srv.AddHook(store, &bolt.Options{Path: path, Options: boltOpts}); err != nil {
 		return fmt.Errorf("mqtt: embedded broker store %s: %w", path, err)
 	}
-	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: e.o.Listen})
+	tcp := listeners.NewTCP(listeners.Config{ID: "tcp", Address: e.o.Listen, TLSConfig: e.o.TLS})
 	if err := srv.AddListener(tcp); err != nil { // binds
 		_ = srv.Close()
 		return fmt.Errorf("mqtt: embedded broker listen %s: %w", e.o.Listen, err)
+	}
+	agent := listeners.NewTCP(listeners.Config{ID: agentListener, Address: "127.0.0.1:0"})
+	if err := srv.AddListener(agent); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("mqtt: embedded broker, the agent's listener: %w", err)
 	}
 	if err := srv.Serve(); err != nil { // restores the store, then serves in goroutines
 		_ = srv.Close()
 		return fmt.Errorf("mqtt: embedded broker: %w", err)
 	}
-	e.srv, e.tcp, e.started = srv, tcp, true
+	e.srv, e.tcp, e.agent, e.auth, e.started = srv, tcp, agent, ah, true
 	e.syncStop, e.syncDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(e.syncDone)
@@ -305,12 +337,28 @@ func (e *Embedded) Addr() string {
 	return e.tcp.Address()
 }
 
-// URL is tcp://Addr(), for Options.Broker; "" before Start.
+// URL is the public listener's URL (tcp://Addr(), or ssl:// with TLS);
+// "" before Start.
 func (e *Embedded) URL() string {
-	if a := e.Addr(); a != "" {
-		return "tcp://" + a
+	a := e.Addr()
+	switch {
+	case a == "":
+		return ""
+	case e.o.TLS != nil:
+		return "ssl://" + a
 	}
-	return ""
+	return "tcp://" + a
+}
+
+// AgentURL is the agent's own listener (tcp://127.0.0.1:PORT), and the
+// only credentials it accepts (which may do everything); "" before Start.
+func (e *Embedded) AgentURL() (url, username, password string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.agent == nil {
+		return "", "", ""
+	}
+	return "tcp://" + e.agent.Address(), string(e.auth.agentUser), string(e.auth.agentPass)
 }
 
 // Dropped counts the QoS 1 messages this broker failed to queue for a

@@ -137,6 +137,7 @@ const (
 	opExpires
 	opUnknownSent
 	opBefore // Before follows FinalSeq (records written before it have none)
+	opAudit  // an operator's act (audit.go), never swept
 )
 
 func encodeOp(o *Op) []byte {
@@ -162,6 +163,9 @@ func encodeOp(o *Op) []byte {
 	}
 	if len(o.Before) > 0 {
 		flags |= opBefore
+	}
+	if o.Audit {
+		flags |= opAudit
 	}
 	e.uvarint(flags)
 	e.str(o.Device)
@@ -218,6 +222,7 @@ func decodeOp(b []byte, o *Op) error {
 	o.Key = d.str()
 	o.Keys = int(d.uvarint())
 	o.Rewritten, o.WasUnknown, o.UnknownSent = flags&opRewritten != 0, flags&opWasUnknown != 0, flags&opUnknownSent != 0
+	o.Audit = flags&opAudit != 0
 	o.Worker = d.str()
 	o.ReceivedAt = d.time()
 	o.DecidedAt = d.time()

@@ -16,3 +16,15 @@ var (
 // ErrFormat is returned by Open for a file in a layout this build does not
 // read.
 var ErrFormat = errors.New("store: unsupported file format")
+
+// Resetting a fence (Tx.ResetFence).
+var (
+	// ErrResetNotLower: the fence to reset to is not below last_fence.
+	ErrResetNotLower = errors.New("store: a reset must lower last_fence")
+	// ErrResetBusy: the device has commands not yet final (queued,
+	// pending, unknown): a queued command with a high fence would poison
+	// last_fence again, and an unresolved write must be resolved first.
+	ErrResetBusy = errors.New("store: the device has commands that are not final")
+	// ErrNoDevice: the store has no record of the device.
+	ErrNoDevice = errors.New("store: no such device")
+)

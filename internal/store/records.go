@@ -70,6 +70,9 @@ type Op struct {
 	// durable with the pending record, so a recovered write can still be
 	// resolved by a read-back.
 	Before json.RawMessage `json:"before,omitempty"`
+	// Audit marks an operator's act recorded in the device's history
+	// (ResetFence): never a command, never swept by retention.
+	Audit bool `json:"audit,omitempty"`
 
 	Worker string `json:"worker"`
 	// InboxSeq is the record's place in arrival order: its key in the ops

@@ -336,7 +336,7 @@ func (t *Tx) Sweep(now time.Time, retention time.Duration, keepLast uint64, max 
 			// it, but for clock steps; start from the oldest next time.
 			break
 		}
-		if o.Status != OpFinal || !o.DecidedAt.Before(cutoff) {
+		if o.Status != OpFinal || !o.DecidedAt.Before(cutoff) || o.Audit {
 			continue
 		}
 		n, seen := finals[o.Device]

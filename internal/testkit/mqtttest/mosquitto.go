@@ -56,10 +56,11 @@ type Broker interface {
 
 // Mosquitto is a mosquitto process running the shipped config.
 type Mosquitto struct {
-	t    testing.TB
-	bin  string
-	dir  string // holds mosquitto.conf; data/ is the persistence location
-	port int
+	t     testing.TB
+	bin   string
+	dir   string // holds mosquitto.conf; data/ is the persistence location
+	port  int
+	extra []string // lines added to the configuration
 
 	mu   sync.Mutex
 	proc *testkit.Proc // nil while stopped
@@ -74,7 +75,11 @@ type Mosquitto struct {
 // Without a mosquitto binary the test is skipped, except under CI (CI set
 // in the environment), where it fails: CI must install mosquitto
 // (apt-get install mosquitto).
-func StartMosquitto(t testing.TB) *Mosquitto {
+//
+// extra lines are appended to the configuration, after the listener (so
+// listener options such as certfile apply to it): e.g. TLS, password_file,
+// acl_file and "allow_anonymous false" for a closed broker.
+func StartMosquitto(t testing.TB, extra ...string) *Mosquitto {
 	t.Helper()
 	bin := MosquittoBinary
 	if _, err := os.Stat(bin); err != nil {
@@ -87,7 +92,7 @@ func StartMosquitto(t testing.TB) *Mosquitto {
 		}
 		bin = p
 	}
-	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &testkit.SyncBuffer{}}
+	m := &Mosquitto{t: t, bin: bin, dir: t.TempDir(), log: &testkit.SyncBuffer{}, extra: extra}
 	if err := os.Mkdir(filepath.Join(m.dir, "data"), 0o700); err != nil {
 		t.Fatalf("mqtttest: %v", err)
 	}
@@ -118,7 +123,7 @@ func StartMosquitto(t testing.TB) *Mosquitto {
 // (configs.LocalMosquittoConf): its port, its data directory, logging to
 // stdout (kept in a buffer).
 func (m *Mosquitto) writeConf() error {
-	var extra []string
+	extra := append([]string(nil), m.extra...)
 	if os.Getenv("MQTTTEST_VERBOSE") != "" { // every packet, for debugging
 		extra = append(extra, "log_type all")
 	}
