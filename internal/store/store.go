@@ -14,6 +14,7 @@
 //	opidx   device "/" op_id          -> seq (written once, on admission)
 //	inbox   seq                       -> {worker, device, op_id}
 //	outbox  seq (its own)             -> Result to publish
+//	opdev   device "/" seq            -> nil (each device's records in arrival order: history.go)
 //	devices device                    -> device record (last_fence, state)
 //	meta    "format"                  -> "2"
 //
@@ -172,6 +173,9 @@ func Open(path string, opts *Options) (*Store, error) {
 				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
+			}
+			if err := fillOpDev(tx); err != nil {
+				return err
 			}
 			return tx.Bucket(bucketMeta).Put(keyFormat, []byte(Format))
 		})
