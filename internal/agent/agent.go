@@ -104,6 +104,11 @@ type Agent struct {
 	failErr  error
 
 	started atomic.Bool
+
+	ev    hub          // GET /v1/events
+	stats *statRing    // GET /v1/stats, the status page's charts
+	held  atomic.Int64 // writes recorded unknown and not yet final
+	begun time.Time    // for uptime
 }
 
 // devRT is a device's runtime state.
@@ -113,6 +118,7 @@ type devRT struct {
 	lastFence atomic.Int64
 	pending   atomic.Int32 // 1 while the device has an unresolved write
 	drv       device.Driver
+	outc      [maxCodes]atomic.Pointer[prometheus.Counter] // metrics.byDevice
 }
 
 // New builds an Agent; it does no I/O.
@@ -138,7 +144,7 @@ func New(o Options) (*Agent, error) {
 	a := &Agent{o: o, cfg: o.Config, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
 		devs: map[string]*devRT{}, workers: map[string]*worker{},
 		incoming: make(chan Delivery, 8192), acks: make(chan *arrival, 8192),
-		stopping: make(chan struct{}), failed: make(chan struct{})}
+		stopping: make(chan struct{}), failed: make(chan struct{}), stats: &statRing{}, begun: time.Now()}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	for _, d := range o.Config.Devices {
 		drv := o.Drivers[d.ID]
@@ -155,6 +161,12 @@ func New(o Options) (*Agent, error) {
 		w.limit += int64(*d.Queue) // a group's limit is the sum of its members' queues
 		a.devs[d.ID] = &devRT{cfg: d, w: w, drv: drv}
 	}
+	for _, w := range a.workers {
+		dev, group := workerLabels(w.id)
+		w.gauge = a.m.queueDepth.WithLabelValues(dev, group)
+		a.m.queueLimit.WithLabelValues(dev, group).Set(float64(w.limit))
+	}
+	a.m.gauges(a)
 	a.pub = newPublisher(a)
 	return a, nil
 }
@@ -169,7 +181,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		return err
 	}
 	for _, w := range a.workers {
-		a.m.queueDepth.WithLabelValues(w.id).Set(float64(w.depth.Load()))
+		w.gauge.Set(float64(w.depth.Load()))
 		a.wg.Add(1)
 		go w.run()
 	}

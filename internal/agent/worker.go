@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
@@ -32,8 +34,9 @@ type worker struct {
 	mu      sync.Mutex
 	fifo    []item
 	wake    chan struct{}
-	resolve chan struct{} // an operator resolved the held write
-	current atomic.Value  // string: op being worked on, for the admin API
+	resolve chan struct{}    // an operator resolved the held write
+	current atomic.Value     // string: op being worked on, for the admin API
+	gauge   prometheus.Gauge // edge_agent_queue_depth of this worker
 	// unresolved is how many of the entries recovery queued first are
 	// unresolved writes (settleRecovered).
 	unresolved int
@@ -132,7 +135,7 @@ func (w *worker) pop() {
 	w.fifo = w.fifo[1:]
 	w.mu.Unlock()
 	d := w.depth.Add(-1)
-	w.a.m.queueDepth.WithLabelValues(w.id).Set(float64(d))
+	w.gauge.Set(float64(d))
 }
 
 func (w *worker) run() {
@@ -453,11 +456,16 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 		}
 		return a.recordOutcome(tx, o, rt.lastFence.Load(), nil)
 	})
-	if err == nil && first {
-		a.m.unknowns.Inc()
-		a.m.answered(wire.CodeOutcomeUnknown)
+	if err != nil {
+		return err
 	}
-	return err
+	a.held.Add(1)
+	if first {
+		a.m.unknowns.Inc()
+		a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
+			code: wire.CodeOutcomeUnknown, reason: reason, took: a.now().Sub(o.ReceivedAt)})
+	}
+	return nil
 }
 
 // ask resolves an unresolved write (pending at start-up, or unknown)
@@ -529,6 +537,7 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 	a := w.a
 	var d store.Device
 	var moved bool
+	wasUnknown := o.Status == store.OpUnknown
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		d, moved, err = a.endTx(tx, o, dec, state)
@@ -537,17 +546,22 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 	if err != nil {
 		return err
 	}
-	a.ended(rt, o.Device, dec, d, moved)
+	a.ended(rt, o, dec, d, moved, wasUnknown)
 	return nil
 }
 
-// ended updates memory, metrics and the retained state after an outcome's
-// commit.
-func (a *Agent) ended(rt *devRT, dev string, dec Decision, d store.Device, moved bool) {
+// ended updates memory, metrics, the log and the retained state after an
+// outcome's commit (o as endTx left it; wasUnknown: o was recorded unknown
+// before).
+func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, moved, wasUnknown bool) {
 	rt.lastFence.Store(d.LastFence)
-	a.m.answered(dec.Code)
+	if wasUnknown {
+		a.held.Add(-1)
+	}
+	a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
+		code: dec.Code, reason: dec.Reason, took: a.now().Sub(o.ReceivedAt)})
 	if moved {
-		a.publishState(dev, d)
+		a.publishState(o.Device, d)
 	}
 }
 

@@ -89,13 +89,15 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
 	}
-	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{FailCommit: a.o.FailCommit, Logger: a.log})
+	a.reg = prometheus.NewRegistry()
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
+	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{FailCommit: a.o.FailCommit, Logger: a.log,
+		ObserveCommit: pm.commit})
 	if err != nil {
 		return err
 	}
 	a.st.Start()
-	a.reg = prometheus.NewRegistry()
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	drv, hd, err := buildDrivers(cfg, a.log)
 	if err != nil {
@@ -153,7 +155,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
 		}
 		a.adm = &http.Server{Handler: a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready}), ReadHeaderTimeout: 5 * time.Second}
+			Ready: a.Ready, Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}), ReadHeaderTimeout: 5 * time.Second}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
@@ -244,7 +246,9 @@ func (a *App) closeAll() error {
 	}
 	if a.adm != nil {
 		sctx, c := context.WithTimeout(context.Background(), time.Second)
-		a.adm.Shutdown(sctx)
+		if a.adm.Shutdown(sctx) != nil {
+			a.adm.Close() // a stream still open (GET /v1/events) is cut
+		}
 		c()
 	}
 	if a.mc != nil {

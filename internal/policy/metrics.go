@@ -16,6 +16,7 @@ type metrics struct {
 	reloads   *prometheus.CounterVec // plugin, result: ok, error
 	compile   *prometheus.GaugeVec   // plugin: seconds the last load of the compiled code took
 	instances *prometheus.GaugeVec   // plugin: live instances
+	seconds   *prometheus.HistogramVec // plugin: time of one evaluation, waiting for an instance included
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,6 +49,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "edge_policy_instances",
 			Help: "Live plugin instances.",
 		}, []string{"plugin"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "edge_policy_evaluation_seconds",
+			Help:    "Time of one policy evaluation by plugin (waiting for a warm instance included; failures included).",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 2.5, 14),
+		}, []string{"plugin"}),
 	}
 	if reg != nil {
 		m.evals = register(reg, m.evals)
@@ -57,6 +63,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.reloads = register(reg, m.reloads)
 		m.compile = register(reg, m.compile)
 		m.instances = register(reg, m.instances)
+		m.seconds = register(reg, m.seconds)
 	}
 	return m
 }
@@ -82,6 +89,7 @@ type poolMetrics struct {
 	replaced                   prometheus.Counter
 	failing                    prometheus.Gauge
 	instances                  prometheus.Gauge
+	seconds                    prometheus.Observer
 	m                          *metrics
 	plugin                     string
 }
@@ -95,6 +103,7 @@ func (m *metrics) forPlugin(plugin string) *poolMetrics {
 		replaced:  m.replaced.WithLabelValues(plugin),
 		failing:   m.failing.WithLabelValues(plugin),
 		instances: m.instances.WithLabelValues(plugin),
+		seconds:   m.seconds.WithLabelValues(plugin),
 		m:         m,
 		plugin:    plugin,
 	}

@@ -63,6 +63,11 @@ type Options struct {
 	FailCommit func() error
 	// Logger receives the store's log lines. Nil means slog.Default().
 	Logger *slog.Logger
+	// ObserveCommit, when set, is called after each durable commit with
+	// the number of updates it held (0 for one that only carried Later's)
+	// and the time it took, fsync included: for metrics. It runs on the
+	// commit goroutine and must not block. Nil means none.
+	ObserveCommit func(updates int, took time.Duration)
 }
 
 // Store is the open bbolt file plus its group-commit loop.
@@ -458,11 +463,15 @@ func (s *Store) commitWith(batch []*request, later []func(*Tx) error) error {
 		return fmt.Errorf("store: commit of %d updates: %w", len(batch), err)
 	}
 	s.idx.committed(txid, flush)
+	took := time.Since(start)
 	s.mu.Lock()
 	s.commits++
 	s.updates += uint64(len(batch))
-	s.commitTime += time.Since(start)
+	s.commitTime += took
 	s.mu.Unlock()
+	if s.opts.ObserveCommit != nil {
+		s.opts.ObserveCommit(len(batch), took)
+	}
 	for _, h := range hooks {
 		h()
 	}
