@@ -9,13 +9,13 @@ import (
 // metrics are the Host's Prometheus collectors. They count whether or not
 // they are registered anywhere.
 type metrics struct {
-	evals     *prometheus.CounterVec // plugin, result: allow, deny, rewrite, error
-	failures  *prometheus.CounterVec // plugin, kind: timeout, trap, exit, memory, plugin_error, bad_output, output_too_large, canceled
-	replaced  *prometheus.CounterVec // plugin
-	failing   *prometheus.GaugeVec   // plugin: 1 while it keeps failing
-	reloads   *prometheus.CounterVec // plugin, result: ok, error
-	compile   *prometheus.GaugeVec   // plugin: seconds the last load of the compiled code took
-	instances *prometheus.GaugeVec   // plugin: live instances
+	evals     *prometheus.CounterVec   // plugin, result: allow, deny, rewrite, error
+	failures  *prometheus.CounterVec   // plugin, kind: timeout, trap, exit, memory, plugin_error, bad_output, output_too_large, canceled
+	replaced  *prometheus.CounterVec   // plugin
+	failing   *prometheus.GaugeVec     // plugin: 1 while it keeps failing
+	reloads   *prometheus.CounterVec   // plugin, result: ok, error
+	compile   *prometheus.GaugeVec     // plugin: seconds the last load of the compiled code took
+	instances *prometheus.GaugeVec     // plugin: live instances
 	seconds   *prometheus.HistogramVec // plugin: time of one evaluation, waiting for an instance included
 }
 
