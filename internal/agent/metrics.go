@@ -92,7 +92,21 @@ func (m *metrics) gauges(a *Agent) {
 	if m.reg == nil {
 		return
 	}
-	m.reg.MustRegister(
+	timeout := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "edge_agent_device_timeout_seconds", Help: "A configured device's driver.timeout (per try): what the alert on slow commits compares with.",
+	}, []string{"device"})
+	for id, rt := range a.devs {
+		timeout.WithLabelValues(id).Set(rt.cfg.Driver.Timeout.D().Seconds())
+	}
+	m.reg.MustRegister(timeout,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edge_agent_store_ok", Help: "1 while the store commits; 0 once a commit failed (the agent then exits 1: invariant 5).",
+		}, func() float64 {
+			if a.st.Err() != nil {
+				return 0
+			}
+			return 1
+		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edge_agent_inbox_depth", Help: "Commands in every inbox (queued, pending or held unknown), all workers.",
 		}, func() float64 {

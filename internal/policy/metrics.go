@@ -94,7 +94,15 @@ type poolMetrics struct {
 	plugin                     string
 }
 
+// failureKinds are the kind labels of edge_policy_failures_total
+// (failureKind, and "init" for an instance that could not be made). Each
+// plugin's series start at zero, so rate() and alerts see the first one.
+var failureKinds = []string{"timeout", "memory", "exit", "trap", "plugin_error", "output_too_large", "bad_output", "other", "init"}
+
 func (m *metrics) forPlugin(plugin string) *poolMetrics {
+	for _, k := range failureKinds {
+		m.failures.WithLabelValues(plugin, k)
+	}
 	return &poolMetrics{
 		allow:     m.evals.WithLabelValues(plugin, "allow"),
 		deny:      m.evals.WithLabelValues(plugin, "deny"),
