@@ -104,7 +104,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.http = hd
-	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg); err != nil {
+	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg, filepath.Join(cfg.DataDir, "wazero-cache")); err != nil {
 		return err
 	}
 	brokerURL := cfg.MQTT.Broker
@@ -313,7 +313,7 @@ func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Drive
 // buildPolicy loads every plugin a device binds; nil when none does. A load
 // error (missing export, wrong ABI, config rejected) is a configuration
 // error: exit 2.
-func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*policy.Host, error) {
+func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, cacheDir string) (*policy.Host, error) {
 	var bound bool
 	for _, d := range cfg.Devices {
 		bound = bound || d.Policy != nil
@@ -321,7 +321,7 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 	if !bound {
 		return nil, nil
 	}
-	h := policy.NewHost(policy.HostOptions{CacheDir: filepath.Join(cfg.DataDir, "wazero-cache"), Logger: log, Registerer: reg})
+	h := policy.NewHost(policy.HostOptions{CacheDir: cacheDir, Logger: log, Registerer: reg})
 	for i, d := range cfg.Devices {
 		if d.Policy == nil {
 			continue
