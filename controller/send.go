@@ -165,11 +165,20 @@ func (s *Sender) Stats() SendStats {
 // CallOption adjusts one Send.
 type CallOption func(*call)
 
-type call struct{ opID string }
+type call struct {
+	opID    string
+	interim func(wire.Result)
+}
 
 // WithOpID makes Send use a caller-supplied op_id (to resend an operation
 // whose outcome is unknown). It must never be reused for another operation.
 func WithOpID(id string) CallOption { return func(c *call) { c.opID = id } }
+
+// WithInterim makes Send call f with each Result that is not final (status
+// unknown: the write may or may not have happened, the agent is resolving
+// it) before it goes on waiting for the final one. f runs on Send's
+// goroutine and must not block.
+func WithInterim(f func(wire.Result)) CallOption { return func(c *call) { c.interim = f } }
 
 // testHookBeforePublish, when set by a test, runs after the ownership
 // check and before each publish: a place to pause, like a GC pause or a
@@ -239,7 +248,7 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 			return last, fmt.Errorf("device %s op %s: %w", device, cmd.OpID, err)
 		}
 		s.count(func(st *SendStats) { st.Published++ })
-		r, outcome, err := s.await(ctx, device, cmd, results)
+		r, outcome, err := s.await(ctx, device, cmd, results, c.interim)
 		if r.OpID != "" {
 			last = r
 		}
@@ -276,7 +285,7 @@ const (
 )
 
 // await waits for one final answer to cmd, or a reason to resend.
-func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, results <-chan wire.Result) (wire.Result, awaitOutcome, error) {
+func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, results <-chan wire.Result, interim func(wire.Result)) (wire.Result, awaitOutcome, error) {
 	t := time.NewTimer(s.opts.ResultTimeout)
 	defer t.Stop()
 	var last wire.Result
@@ -301,6 +310,9 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 				// unknown: the agent resolves it with the device and
 				// publishes the final Result to the same reply topic.
 				s.count(func(st *SendStats) { st.Unknown++ })
+				if interim != nil {
+					interim(r)
+				}
 				continue
 			case r.Code == wire.CodeBusy:
 				return r, awaitBusy, nil

@@ -45,7 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(sendCmd(), watchCmd(), statusCmd())
+	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), historyCmd(), resolveCmd())
 	err := root.Execute()
 	if err == nil {
 		return 0

@@ -29,6 +29,7 @@ type sendFlags struct {
 	timeout                         time.Duration
 	prefix                          string
 	ttl                             time.Duration
+	json                            bool
 }
 
 func sendCmd() *cobra.Command {
@@ -61,6 +62,7 @@ else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "overall deadline (lock, send and Result)")
 	fl.StringVar(&f.prefix, "prefix", wire.DefaultPrefix, "MQTT topic prefix")
 	fl.DurationVar(&f.ttl, "lock-ttl", 10*time.Second, "lease TTL of the lock (with --lock)")
+	fl.BoolVar(&f.json, "json", false, "print each Result as one line of JSON (an interim unknown one too)")
 	return c
 }
 
@@ -178,6 +180,16 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	if f.opID != "" {
 		opts = append(opts, controller.WithOpID(f.opID))
 	}
+	// An unknown Result is not the end: say so, and keep waiting for the
+	// final one (docs/protocol.md §4).
+	opts = append(opts, controller.WithInterim(func(r wire.Result) {
+		if f.json {
+			b, _ := json.Marshal(r)
+			fmt.Fprintln(stdout, string(b))
+			return
+		}
+		fmt.Fprintf(stdout, "interim: %s/%s: %s (the agent is resolving it with the device; waiting for the final Result)\n", r.Status, r.Code, r.Reason)
+	}))
 	sctx := ctx
 	if holder != nil {
 		// Stop waiting as soon as the lock is lost.
@@ -187,7 +199,12 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	}
 	r, err := s.Send(sctx, f.device, f.action, params, opts...)
 	if r.OpID != "" {
-		b, _ := json.MarshalIndent(r, "", "  ")
+		var b []byte
+		if f.json {
+			b, _ = json.Marshal(r)
+		} else {
+			b, _ = json.MarshalIndent(r, "", "  ")
+		}
 		fmt.Fprintln(stdout, string(b))
 	}
 	if err != nil {
