@@ -112,6 +112,8 @@ type SendOptions struct {
 	// command (a coarse safety net; fencing is what protects). Zero
 	// means no expires_at.
 	ExpiresIn time.Duration
+	// Metrics counts stale results. Nil means none are recorded.
+	Metrics *Metrics
 }
 
 // Sender sends commands under one Owner over one Conn. Sends to one device
@@ -300,6 +302,7 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 		case r := <-results:
 			last = r
 			if r.Code == wire.CodeStaleFence || r.LastFence > cmd.Fence {
+				s.opts.Metrics.stale()
 				cause := fmt.Errorf("%w: device %s answered %s with last_fence %d for fence %d",
 					ErrNewerFence, r.Device, r.Code, r.LastFence, cmd.Fence)
 				s.owner.Lose(cause)
