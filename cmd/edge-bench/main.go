@@ -55,6 +55,8 @@ func main() {
 		agentEnv = append(agentEnv, kv)
 		return nil
 	})
+	browser := flag.String("browser", "auto", "the status-page run: auto (an installed Chromium, else page), a Chromium path, page (the page's requests from Go, no browser), off")
+	browserRounds := flag.Int("browser-rounds", 3, "rounds of the agent without and with a browser open (alternating)")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -80,6 +82,7 @@ func main() {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	browserBin, browserN = chromiumPath(*browser), *browserRounds
 	if err := run(*dur, *devs, *out); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "edge-bench:", err)
@@ -94,6 +97,13 @@ var inProcess bool
 
 // agentEnv is added to the edge-agent process's environment (-agent-env).
 var agentEnv []string
+
+// browserBin is the Chromium of the status-page run ("": skipped), and
+// browserN its rounds (-browser, -browser-rounds).
+var (
+	browserBin string
+	browserN   int
+)
 
 // mosquittoPid is the broker's process, for the CPU accounting.
 var mosquittoPid int
@@ -173,6 +183,23 @@ func run(dur time.Duration, devList, out string) error {
 			ag.perSec/e.perSec, ag.perSec/de.perSec))
 		rows = append(rows, fmt.Sprintf("|  | %s | | %s | | %s | | | | |", cpuCell(e), cpuCell(de), cpuCell(ag)))
 	}
+	// The status page's cost under load: the agent at the largest device
+	// count, without and with one browser open on GET / (its live feed
+	// and its polling), alternating.
+	var browserRow string
+	if browserBin != "" && browserN > 0 {
+		var n int
+		for _, f := range strings.Split(devList, ",") {
+			var k int
+			fmt.Sscan(f, &k)
+			n = max(n, k)
+		}
+		if browserRow, err = browserCost(broker, n, dur, bins, filepath.Join(tmp, "browser"), browserBin, browserN); err != nil {
+			return err
+		}
+	} else {
+		fmt.Println("status-page run skipped: no Chromium (-browser)")
+	}
 	if out != "" {
 		f, err := os.OpenFile(out, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err != nil {
@@ -190,6 +217,12 @@ func run(dur time.Duration, devList, out string) error {
 		for _, r := range rows {
 			fmt.Fprintln(f, r)
 		}
+		if browserRow != "" {
+			fmt.Fprintf(f, "\nThe agent without and with the status page open (`-browser-rounds %d`, alternating runs):\n\n", browserN)
+			fmt.Fprintln(f, "| open | devices | cmds/s without | cmds/s with | median without | median with | with/without | agent CPU per command without / with |")
+			fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(f, browserRow)
+		}
 	}
 	return nil
 }
@@ -197,9 +230,10 @@ func run(dur time.Duration, devList, out string) error {
 // agentTarget runs edge-agent in-process against the broker, with a
 // firmware simulator for its devices (-inprocess).
 type agentTarget struct {
-	dir string
-	a   *app.App
-	fw  *sim.Sim
+	dir   string
+	admin string // "" none; "127.0.0.1:0" for the status-page run
+	a     *app.App
+	fw    *sim.Sim
 }
 
 func (t *agentTarget) start(broker string, n int) error {
@@ -207,7 +241,7 @@ func (t *agentTarget) start(broker string, n int) error {
 	if t.fw, err = startSimInProcess(n); err != nil {
 		return err
 	}
-	cfg, err := config.Parse([]byte(agentYAML(t.dir, broker, "", t.fw.URL(), n)))
+	cfg, err := config.Parse([]byte(agentYAML(t.dir, broker, t.admin, t.fw.URL(), n)))
 	if err != nil {
 		return err
 	}
@@ -358,6 +392,10 @@ type target struct {
 	bins string // "" with -inprocess
 	kind kind
 	dir  string
+	// withBrowser: the agent runs with a Chromium (browser) open on its
+	// status page.
+	browser     string
+	withBrowser bool
 }
 
 // kind is what answers the commands.
@@ -377,8 +415,14 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	switch {
 	case inProcess && t.kind == agentKind:
 		at := &agentTarget{dir: t.dir}
+		if t.withBrowser {
+			at.admin = "127.0.0.1:0"
+		}
 		if err := at.start(broker, n); err != nil {
 			return nil, err
+		}
+		if t.withBrowser {
+			return t.openBrowser(at.a.AdminAddr(), at.stop)
 		}
 		return at.stop, nil
 	case inProcess && t.kind == deviceEchoKind:
@@ -395,7 +439,11 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	case inProcess:
 		return startEcho(broker, "", 0)
 	case t.kind == agentKind:
-		return startAgentProcesses(t.bins, t.dir, broker, n, m)
+		stop, admin, err := startAgentProcesses(t.bins, t.dir, broker, n, m)
+		if err != nil || !t.withBrowser {
+			return stop, err
+		}
+		return t.openBrowser(admin, stop)
 	case t.kind == deviceEchoKind:
 		url, stopSim, err := startSimProcess(t.bins, n, m)
 		if err != nil {

@@ -89,32 +89,32 @@ func startSimProcess(bins string, n int, m *cpuMeter) (string, func(), error) {
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
 // a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), error) {
+func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	url, stopSim, err := startSimProcess(bins, n, m)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		stopSim()
-		return nil, err
+		return nil, "", err
 	}
 	admin := l.Addr().String()
 	l.Close()
 	cfg := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(cfg, []byte(agentYAML(filepath.Join(dir, "data"), broker, admin, url, n)), 0o600); err != nil {
 		stopSim()
-		return nil, err
+		return nil, "", err
 	}
 	agentCmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
 	agentCmd.Env = append(os.Environ(), agentEnv...)
 	agentCmd.Stderr = os.Stderr
 	if err := agentCmd.Start(); err != nil {
 		stopSim()
-		return nil, err
+		return nil, "", err
 	}
 	stop := func() {
 		waitOrKill(agentCmd, 10*time.Second)
@@ -127,12 +127,12 @@ func startAgentProcesses(bins, dir, broker string, n int, m *cpuMeter) (func(), 
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				m.add("edge-agent", agentCmd.Process.Pid)
-				return stop, nil
+				return stop, admin, nil
 			}
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("edge-agent not ready on %s within 20s", admin)
+			return nil, "", fmt.Errorf("edge-agent not ready on %s within 20s", admin)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

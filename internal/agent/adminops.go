@@ -221,6 +221,10 @@ func (a *Agent) operatorRoutes(mux *http.ServeMux, o AdminOptions) {
 const (
 	eventWriteTimeout = 10 * time.Second
 	eventPing         = 15 * time.Second
+	// eventBatch: events are written at most this often, together (or
+	// at once when 64 KiB are waiting): under load one write and one
+	// wake-up per batch instead of per event.
+	eventBatch = 100 * time.Millisecond
 )
 
 // serveEvents streams GET /v1/events until the client goes, falls behind
@@ -251,7 +255,11 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	ping := time.NewTicker(eventPing)
 	defer ping.Stop()
+	batch := time.NewTimer(eventBatch)
+	batch.Stop()
+	armed := false
 	for {
+		flush := false
 		select {
 		case <-r.Context().Done():
 			return
@@ -261,19 +269,18 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 			return // fell behind: the client reconnects and reloads what it shows
 		case <-ping.C:
 			buf.WriteString(": ping\n\n")
+			flush = true
+		case <-batch.C:
+			armed, flush = false, true
 		case e := <-s.ch:
 			writeEvent(&buf, e)
-			// Whatever else is waiting goes in the same write.
-			for more := true; more && buf.Len() < 64<<10; {
-				select {
-				case e := <-s.ch:
-					writeEvent(&buf, e)
-				default:
-					more = false
-				}
+			if !armed {
+				batch.Reset(eventBatch)
+				armed = true
 			}
+			flush = buf.Len() >= 64<<10
 		}
-		if !send() {
+		if flush && buf.Len() > 0 && !send() {
 			return
 		}
 	}
