@@ -221,10 +221,10 @@ func (a *Agent) operatorRoutes(mux *http.ServeMux, o AdminOptions) {
 const (
 	eventWriteTimeout = 10 * time.Second
 	eventPing         = 15 * time.Second
-	// eventBatch: events are written at most this often, together (or
-	// at once when 64 KiB are waiting): under load one write and one
-	// wake-up per batch instead of per event.
-	eventBatch = 100 * time.Millisecond
+	// eventBatch: after an event arrives, the stream sleeps this long and
+	// then writes everything waiting at once: under load one wake-up and
+	// one write per batch, not per event. EventBuffer holds a batch.
+	eventBatch = 50 * time.Millisecond
 )
 
 // serveEvents streams GET /v1/events until the client goes, falls behind
@@ -257,9 +257,8 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 	defer ping.Stop()
 	batch := time.NewTimer(eventBatch)
 	batch.Stop()
-	armed := false
+	var events <-chan event = s.ch // nil while a batch is being gathered
 	for {
-		flush := false
 		select {
 		case <-r.Context().Done():
 			return
@@ -269,18 +268,27 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 			return // fell behind: the client reconnects and reloads what it shows
 		case <-ping.C:
 			buf.WriteString(": ping\n\n")
-			flush = true
-		case <-batch.C:
-			armed, flush = false, true
-		case e := <-s.ch:
+		case e := <-events:
+			// The first of a batch: sleep, then take what came meanwhile.
 			writeEvent(&buf, e)
-			if !armed {
-				batch.Reset(eventBatch)
-				armed = true
+			events = nil
+			batch.Reset(eventBatch)
+			continue
+		case <-batch.C:
+			events = s.ch
+			for drained := false; !drained; {
+				select {
+				case e := <-s.ch:
+					writeEvent(&buf, e)
+					if buf.Len() >= 64<<10 && !send() {
+						return
+					}
+				default:
+					drained = true
+				}
 			}
-			flush = buf.Len() >= 64<<10
 		}
-		if flush && buf.Len() > 0 && !send() {
+		if buf.Len() > 0 && !send() {
 			return
 		}
 	}

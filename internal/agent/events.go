@@ -14,8 +14,8 @@ const (
 	// MaxEventClients is the most /v1/events streams at once; more get 503.
 	MaxEventClients = 16
 	// EventBuffer is how many events a subscriber may fall behind before
-	// it is dropped.
-	EventBuffer = 1024
+	// it is dropped (a stream gathers up to 50 ms of them per write).
+	EventBuffer = 4096
 )
 
 // event is one SSE event: kind "result" or "state", data a JSON document.
