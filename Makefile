@@ -28,7 +28,7 @@ test:
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
 bench:
-	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy
+	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./internal/agent
 	$(GO) run ./cmd/edge-bench
 
 check: fmt vet test
