@@ -368,6 +368,7 @@ func stateOrEmpty(s json.RawMessage) json.RawMessage {
 func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 	a := w.a
 	var d store.Device
+	wasUnknown := o.Status == store.OpUnknown // a resend after a confirmed "not applied"
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		if d, _, err = tx.Device(o.Device); err != nil {
@@ -380,6 +381,9 @@ func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 	})
 	if err != nil {
 		return err
+	}
+	if wasUnknown {
+		a.held.Add(-1)
 	}
 	a.fenceKnown(rt, o.Device, d)
 	return nil
