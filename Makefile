@@ -35,7 +35,7 @@ test:
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
 bench:
-	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./wire/jws ./internal/auth
+	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./internal/agent ./wire/jws ./internal/auth
 	$(GO) run ./cmd/edge-bench
 
 # fmt, vet, staticcheck (pinned) over both modules, then the tests.

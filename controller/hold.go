@@ -21,6 +21,7 @@ func (h *Holder) renewOnce(ctx context.Context) error {
 	defer cancel()
 	sent := time.Now()
 	resp, err := h.cli.KeepAliveOnce(rctx, lease)
+	h.opts.Metrics.renewed(time.Since(sent), err)
 	if err != nil {
 		return fmt.Errorf("renew lease %x: %w", lease, err)
 	}
@@ -176,6 +177,7 @@ func (h *Holder) lose(cause error) {
 	if !h.transition(StateActive, StateLost) {
 		return
 	}
+	h.opts.Metrics.lost(cause)
 	h.cancel(err)
 	h.hbCancel()
 	go func() {

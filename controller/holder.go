@@ -87,6 +87,9 @@ type LockOptions struct {
 	// be confirmed, and where its Acquire waits such marks out. Nil means
 	// DefaultRegistry (shared by the process).
 	Registry *Registry
+	// Metrics records acquire wait, hold time, renewals and losses. Nil
+	// means none are recorded.
+	Metrics *Metrics
 }
 
 func (o *LockOptions) withDefaults() LockOptions {
@@ -180,6 +183,7 @@ type Holder struct {
 	lastSent time.Time // send time of the last confirmed renewal (monotonic)
 	freeAt   time.Time // when an unconfirmed release counts as released
 	attempts []time.Time
+	since    time.Time // when the current state began (metrics)
 
 	ctx    context.Context // cancelled on LOST, release or MaxHold
 	cancel context.CancelCauseFunc
@@ -228,7 +232,15 @@ func (h *Holder) transition(from, to State) bool {
 		return false
 	}
 	h.state = to
+	since := h.since
+	h.since = time.Now()
 	h.mu.Unlock()
+	switch {
+	case from == StateAcquiring:
+		h.opts.Metrics.acquired(since, to == StateActive)
+	case from == StateActive:
+		h.opts.Metrics.held(since)
+	}
 	if h.opts.OnState != nil {
 		h.opts.OnState(from, to)
 	}

@@ -125,6 +125,8 @@ type SendOptions struct {
 	// OnUnknown, when set, is called (on Send's goroutine) with each
 	// unknown Result Send receives before the final one. Nil: none.
 	OnUnknown func(wire.Result)
+	// Metrics counts stale results. Nil means none are recorded.
+	Metrics *Metrics
 }
 
 // DefaultSignedExpiry is how long a signed command is valid when
@@ -186,7 +188,9 @@ func (s *Sender) Stats() SendStats {
 // CallOption adjusts one Send.
 type CallOption func(*call)
 
-type call struct{ opID string }
+type call struct {
+	opID string
+}
 
 // WithOpID makes Send use a caller-supplied op_id (to resend an operation
 // whose outcome is unknown). It must never be reused for another operation.
@@ -318,6 +322,7 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 		case r := <-results:
 			last = r
 			if r.Code == wire.CodeStaleFence || r.LastFence > cmd.Fence {
+				s.opts.Metrics.stale()
 				cause := fmt.Errorf("%w: device %s answered %s with last_fence %d for fence %d",
 					ErrNewerFence, r.Device, r.Code, r.LastFence, cmd.Fence)
 				s.owner.Lose(cause)

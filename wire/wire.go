@@ -148,4 +148,13 @@ type DeviceInfo struct {
 	LastOpID   string `json:"last_op_id"`
 	QueueDepth int    `json:"queue_depth"`
 	Pending    int    `json:"pending"`
+	// Extensions (docs/protocol.md §3, this implementation): the holder
+	// of the last applied command, the device's group, its worker's queue
+	// limit, whether the agent can ask it about a write (else an operator
+	// resolves its unknown writes), and when its record last changed.
+	Holder     string     `json:"holder,omitempty"`
+	Group      string     `json:"group,omitempty"`
+	QueueLimit int        `json:"queue_limit,omitempty"`
+	Queryable  bool       `json:"queryable"`
+	UpdatedAt  *time.Time `json:"updated_at,omitempty"`
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/store"
 )
 
@@ -26,7 +27,7 @@ type inspectDevice struct {
 }
 
 func inspectCmd() *cobra.Command {
-	var dataDir, dev string
+	var dataDir, dev, cfgPath string
 	var asJSON bool
 	var limit int
 	c := &cobra.Command{
@@ -34,8 +35,17 @@ func inspectCmd() *cobra.Command {
 		Short: "Read the store offline: devices, last_fence, recent operations",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if dataDir == "" {
-				return &exitError{2, errors.New("--data-dir is required")}
+			switch {
+			case dataDir != "" && cfgPath != "":
+				return &exitError{2, errors.New("give --data-dir or --config, not both")}
+			case cfgPath != "":
+				cfg, err := config.Load(cfgPath)
+				if err != nil {
+					return configErr(err)
+				}
+				dataDir = cfg.DataDir
+			case dataDir == "":
+				return &exitError{2, errors.New("--data-dir (or --config, to use its data_dir) is required")}
 			}
 			path := filepath.Join(dataDir, "agent.db")
 			if _, err := os.Stat(path); err != nil {
@@ -118,6 +128,7 @@ func inspectCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&dataDir, "data-dir", "", "the agent's data_dir")
+	c.Flags().StringVar(&cfgPath, "config", "", "the agent's configuration file: inspect its data_dir")
 	c.Flags().StringVar(&dev, "device", "", "only this device")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	c.Flags().IntVar(&limit, "recent", 20, "how many recent operations per device")

@@ -36,7 +36,7 @@ func main() {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.Args = usageArgs(cobra.NoArgs) // an unknown command
 	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
-	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), fenceCmd(), &cobra.Command{
+	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), fenceCmd(), configCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  usageArgs(cobra.NoArgs),

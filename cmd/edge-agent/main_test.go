@@ -156,6 +156,13 @@ func TestPolicyTestCommand(t *testing.T) {
 		{"rewrite", []string{"--command", high, "--config", clamp}, 0, []string{"decision: allow", `params rewritten: {"rpm":3000}`}},
 		{"not wasm", []string{"--command", ok, "--config", cfg, "--plugin-override", write("bad.wasm", "garbage")}, 1, []string{"bad.wasm"}},
 		{"missing command", nil, 2, []string{"--command"}},
+		// The plugin's own reason for failing is printed (issue 11).
+		{"config rejected", []string{"--command", ok, "--config", write("badcfg.json", `{"param":""}`)}, 1,
+			[]string{"error: ", `plugin says (ERROR): policy.config: "param" must be a non-empty string`}},
+		{"json", []string{"--command", high, "--config", cfg, "--json"}, 0,
+			[]string{`"decision":"deny"`, `"reason":"rpm 4000 above max 3000"`, `"plugin_log":[]`, `"time_us":`}},
+		{"json failure", []string{"--command", ok, "--config", write("badcfg2.json", `{"param":""}`), "--json"}, 1,
+			[]string{`"error":"`, `"plugin_log":[{"level":"ERROR","stream":"log","msg":"policy.config: \"param\" must be a non-empty string"}]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"policy", "test", "--plugin", wasm}, tc.args...)
@@ -175,5 +182,60 @@ func TestPolicyTestCommand(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// config check prints every problem of a configuration, one per line
+// naming its key, and exits 2; a sound one exits 0 (issue 11).
+func TestConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("gateway_id: \"gw 1\"\nmqtt: {broker: \"http://x\"}\ndevices:\n  - {id: p, type: toaster, queue: 0, driver: {url: \"ftp://x\"}}\n"), 0o600)
+	code, out := runBin(t, "config", "check", "--config", bad)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2\n%s", code, out)
+	}
+	for _, key := range []string{"gateway_id", "mqtt.broker", "devices[0] (p).type", "devices[0] (p).queue", "devices[0] (p).driver.url", "5 problem(s)"} {
+		if !strings.Contains(out, key) {
+			t.Errorf("output does not name %q:\n%s", key, out)
+		}
+	}
+	// A plugin that is missing is a problem too (loaded as run loads it).
+	missing := filepath.Join(dir, "missing.yaml")
+	os.WriteFile(missing, []byte("gateway_id: gw-1\nmqtt: {broker: embedded}\nplugins: {dir: "+dir+"}\n"+
+		"devices:\n  - {id: p, type: pump, driver: {url: \"http://127.0.0.1:1\"}, policy: {plugin: nope}}\n"), 0o600)
+	if code, out := runBin(t, "config", "check", "--config", missing); code != 2 || !strings.Contains(out, "nope") {
+		t.Fatalf("missing plugin: exit %d\n%s", code, out)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("gateway_id: gw-1\nmqtt: {broker: embedded}\n"+goodDevices), 0o600)
+	if code, out := runBin(t, "config", "check", "--config", good); code != 0 || !strings.Contains(out, "ok: gateway gw-1, 1 devices") {
+		t.Fatalf("good config: exit %d\n%s", code, out)
+	}
+	if code, _ := runBin(t, "config", "check"); code != 2 {
+		t.Fatalf("no --config: exit %d, want 2", code)
+	}
+}
+
+// inspect --config reads the configuration's data_dir.
+func TestInspectWithConfig(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "agent.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Start()
+	if err := st.Update(t.Context(), func(tx *store.Tx) error { return tx.PutDevice("pump-7", store.Device{LastFence: 42}) }); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	cfg := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(cfg, []byte("gateway_id: gw-1\ndata_dir: "+dir+"\nmqtt: {broker: embedded}\n"+goodDevices), 0o600)
+	code, out := runBin(t, "inspect", "--config", cfg)
+	if code != 0 || !strings.Contains(out, "device pump-7") || !strings.Contains(out, "last_fence 42") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	if code, _ := runBin(t, "inspect", "--config", cfg, "--data-dir", dir); code != 2 {
+		t.Fatalf("both flags: exit %d, want 2", code)
 	}
 }

@@ -18,7 +18,7 @@ import (
 )
 
 func runCmd() *cobra.Command {
-	var cfgPath, logLevel string
+	var cfgPath, logLevel, logFormat string
 	c := &cobra.Command{
 		Use:   "run",
 		Short: "Serve until SIGINT/SIGTERM, then drain and close cleanly",
@@ -28,10 +28,13 @@ func runCmd() *cobra.Command {
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return configErr(fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel))
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			log, err := newLogger(logFormat, lvl)
+			if err != nil {
+				return configErr(err)
+			}
 			var cfg *config.Config
-			var err error
 			if cfgPath == "" {
+				log.Info("no --config: using the demo defaults (configs/agent.yaml, embedded in the binary): embedded MQTT broker, data under ./data, admin API on " + config.DefaultAdminListen)
 				cfg, err = config.Parse(configs.AgentYAML)
 			} else {
 				cfg, err = config.Load(cfgPath)
@@ -44,6 +47,7 @@ func runCmd() *cobra.Command {
 	}
 	c.Flags().StringVar(&cfgPath, "config", "", "configuration file (default: the embedded configs/agent.yaml)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	c.Flags().StringVar(&logFormat, "log-format", "text", "text (logfmt-like) or json (one object per line, for journald/Loki)")
 	return c
 }
 

@@ -78,10 +78,10 @@ func measureFloor(dir string, n int) (floor, error) {
 		}
 		writes = append(writes, time.Since(start))
 	}
-	return floor{commit: median(commits), write: median(writes)}, nil
+	return floor{commit: medianDuration(commits), write: medianDuration(writes)}, nil
 }
 
-func median(d []time.Duration) time.Duration {
+func medianDuration(d []time.Duration) time.Duration {
 	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 	return d[len(d)/2]
 }

@@ -64,6 +64,8 @@ func main() {
 		agentEnv = append(agentEnv, kv)
 		return nil
 	})
+	browser := flag.String("browser", "auto", "the status-page run: auto (an installed Chromium, else page), a Chromium path, page (the page's requests from Go, no browser), off")
+	browserRounds := flag.Int("browser-rounds", 3, "rounds of the agent without and with a browser open (alternating)")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -93,6 +95,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "edge-bench: -components needs -inprocess and -cpuprofile")
 		os.Exit(2)
 	}
+	browserBin, browserN = chromiumPath(*browser), *browserRounds
 	if err := run(*dur, *devs, *mbDevs, *out); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "edge-bench:", err)
@@ -119,6 +122,13 @@ var inProcess bool
 
 // agentEnv is added to the edge-agent process's environment (-agent-env).
 var agentEnv []string
+
+// browserBin is the Chromium of the status-page run ("": skipped), and
+// browserN its rounds (-browser, -browser-rounds).
+var (
+	browserBin string
+	browserN   int
+)
 
 // mosquittoPid is the broker's process, for the CPU accounting.
 var mosquittoPid int
@@ -222,6 +232,23 @@ func run(dur time.Duration, devList, mbList, out string) error {
 			sg.perSec, sg.p50.Round(time.Microsecond), sg.p99.Round(time.Microsecond), sg.perSec/ag.perSec,
 			u.Microseconds(), sc.Microseconds(), (sc-u).Microseconds(), 100*float64(sc-u)/float64(sc)))
 	}
+	// The status page's cost under load: the agent at the largest device
+	// count, without and with one browser open on GET / (its live feed
+	// and its polling), alternating.
+	var browserRow string
+	if browserBin != "" && browserN > 0 && len(splitList(devList)) > 0 {
+		var n int
+		for _, f := range splitList(devList) {
+			var k int
+			fmt.Sscan(f, &k)
+			n = max(n, k)
+		}
+		if browserRow, err = browserCost(broker, n, dur, bins, filepath.Join(tmp, "browser"), browserBin, browserN); err != nil {
+			return err
+		}
+	} else {
+		fmt.Println("status-page run skipped: no Chromium (-browser), or no -devices")
+	}
 	mbRows, err := runModbus(broker, bins, tmp, dur, mbList)
 	if err != nil {
 		return err
@@ -247,6 +274,12 @@ func run(dur time.Duration, devList, mbList, out string) error {
 		}
 		if floorLine != "" {
 			fmt.Fprintln(f, "\n"+floorLine)
+		}
+		if browserRow != "" {
+			fmt.Fprintf(f, "\nThe agent without and with the status page open (`-browser-rounds %d`, alternating runs):\n\n", browserN)
+			fmt.Fprintln(f, "| open | devices | cmds/s without | cmds/s with | median without | median with | with/without | agent CPU per command without / with |")
+			fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(f, browserRow)
 		}
 		if len(signedRows) > 0 {
 			fmt.Fprintf(f, "\nSigned commands required (the controllers sign; docs/protocol.md §6) against the same run unsigned, same command:\n\n")
@@ -281,6 +314,7 @@ type agentTarget struct {
 	dir     string
 	kind    kind
 	keyFile string // "": signatures not required
+	admin   string // "" none; "127.0.0.1:0" for the status-page run
 	a       *app.App
 	fw      *sim.Sim
 }
@@ -290,7 +324,7 @@ func (t *agentTarget) start(broker string, n int) error {
 	if t.fw, err = startSimInProcess(n); err != nil {
 		return err
 	}
-	yaml := agentYAML(t.dir, broker, "", t.fw.URL(), t.keyFile, n)
+	yaml := agentYAML(t.dir, broker, t.admin, t.fw.URL(), t.keyFile, n)
 	if t.kind.modbus() {
 		if err := t.fw.StartModbus("127.0.0.1:0"); err != nil {
 			return err
@@ -453,6 +487,10 @@ type target struct {
 	// small: the commands carry {"v":N} (a register's value) instead of
 	// {"seq":N,"pad":"x..."}, so the same commands suit HTTP and Modbus.
 	small bool
+	// withBrowser: the agent runs with a Chromium (browser) open on its
+	// status page.
+	browser     string
+	withBrowser bool
 }
 
 // kind is what answers the commands.
@@ -502,8 +540,14 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	switch {
 	case inProcess && agentish:
 		at := &agentTarget{dir: t.dir, kind: t.kind, keyFile: keyFile}
+		if t.withBrowser {
+			at.admin = "127.0.0.1:0"
+		}
 		if err := at.start(broker, n); err != nil {
 			return nil, err
+		}
+		if t.withBrowser {
+			return t.openBrowser(at.a.AdminAddr(), at.stop)
 		}
 		return at.stop, nil
 	case inProcess && t.kind == deviceEchoKind:
@@ -520,7 +564,11 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	case inProcess:
 		return startEcho(broker, "", 0)
 	case agentish:
-		return startAgentProcesses(t.bins, t.dir, broker, keyFile, n, m, t.kind)
+		stop, admin, err := startAgentProcesses(t.bins, t.dir, broker, keyFile, n, m, t.kind)
+		if err != nil || !t.withBrowser {
+			return stop, err
+		}
+		return t.openBrowser(admin, stop)
 	case t.kind == deviceEchoKind:
 		url, _, stopSim, err := startSimProcess(t.bins, n, m, false)
 		if err != nil {

@@ -103,18 +103,18 @@ func startSimProcess(bins string, n int, m *cpuMeter, modbus bool) (string, stri
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
 // a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, k kind) (func(), error) {
+func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, k kind) (func(), string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	url, mbAddr, stopSim, err := startSimProcess(bins, n, m, k.modbus())
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		stopSim()
-		return nil, err
+		return nil, "", err
 	}
 	admin := l.Addr().String()
 	l.Close()
@@ -125,14 +125,14 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 	}
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		stopSim()
-		return nil, err
+		return nil, "", err
 	}
 	agentCmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
 	agentCmd.Env = append(os.Environ(), agentEnv...)
 	agentCmd.Stderr = os.Stderr
 	if err := agentCmd.Start(); err != nil {
 		stopSim()
-		return nil, err
+		return nil, "", err
 	}
 	stop := func() {
 		waitOrKill(agentCmd, 10*time.Second)
@@ -145,12 +145,12 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				m.add("edge-agent", agentCmd.Process.Pid)
-				return stop, nil
+				return stop, admin, nil
 			}
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("edge-agent not ready on %s within 20s", admin)
+			return nil, "", fmt.Errorf("edge-agent not ready on %s within 20s", admin)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

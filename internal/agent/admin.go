@@ -23,16 +23,26 @@ func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
 		return wire.DeviceInfo{}, fmt.Errorf("%w: %s", ErrUnknownDevice, dev)
 	}
 	var d store.Device
+	var holder string
 	if err := a.st.View(func(tx *store.Tx) error {
 		var err error
-		d, _, err = tx.Device(dev)
+		if d, _, err = tx.Device(dev); err != nil || d.LastOpID == "" {
+			return err
+		}
+		o, _, err := tx.Op(dev, d.LastOpID)
+		holder = o.Holder
 		return err
 	}); err != nil {
 		return wire.DeviceInfo{}, err
 	}
 	// Queue depth is the worker's (a group shares one queue).
-	return wire.DeviceInfo{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID,
-		QueueDepth: int(rt.w.depth.Load()), Pending: int(rt.pending.Load())}, nil
+	info := wire.DeviceInfo{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID,
+		QueueDepth: int(rt.w.depth.Load()), Pending: int(rt.pending.Load()),
+		Holder: holder, Group: rt.cfg.Group, QueueLimit: int(rt.w.limit), Queryable: rt.drv.Queryable(dev)}
+	if !d.UpdatedAt.IsZero() {
+		info.UpdatedAt = &d.UpdatedAt
+	}
+	return info, nil
 }
 
 // OpResult returns the recorded outcome of (dev, op) as a Result.
@@ -83,9 +93,12 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 	}
 	var res wire.Result
 	var d store.Device
+	var o store.Op
 	var moved, missing, notUnknown bool
 	err := a.st.Update(ctx, func(tx *store.Tx) error {
-		o, ok, err := tx.Op(dev, op)
+		var ok bool
+		var err error
+		o, ok, err = tx.Op(dev, op)
 		if err != nil {
 			return err
 		}
@@ -114,7 +127,7 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 	case notUnknown:
 		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNotUnknown, dev, op)
 	}
-	a.ended(rt, dev, dec, d, moved)
+	a.ended(rt, &o, dec, d, moved, true)
 	select {
 	case rt.w.resolve <- struct{}{}:
 	default:
@@ -147,6 +160,13 @@ type AdminOptions struct {
 	// endpoint but /healthz, /readyz and /metrics needs the token
 	// (admin_access.go). False: GETs are open.
 	OffLoopback bool
+	// Version is reported by GET /v1/status; "" means "dev".
+	Version string
+	// MQTTConnected reports the broker session (GET /v1/status); nil
+	// means false.
+	MQTTConnected func() bool
+	// Plugins lists the policy plugins (GET /v1/status); nil means none.
+	Plugins func() []PluginStatus
 }
 
 // AdminHandler serves docs/protocol.md §3.
@@ -225,6 +245,7 @@ func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, res)
 	})
+	a.operatorRoutes(mux, o)
 	if o.OffLoopback {
 		return tokenGate(mux, o.Token)
 	}
@@ -255,6 +276,10 @@ func httpErr(w http.ResponseWriter, err error) {
 		code = http.StatusNotFound
 	case errors.Is(err, ErrQueryable), errors.Is(err, ErrNotUnknown):
 		code = http.StatusConflict
+	case errors.Is(err, ErrBadRequest):
+		code = http.StatusBadRequest
+	case errors.Is(err, ErrTooMany):
+		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, map[string]string{"error": err.Error()})
 }

@@ -109,6 +109,11 @@ type Agent struct {
 	failErr  error
 
 	started atomic.Bool
+
+	ev    hub          // GET /v1/events
+	stats *statRing    // GET /v1/stats, the status page's charts
+	held  atomic.Int64 // writes recorded unknown and not yet final
+	begun time.Time    // for uptime
 }
 
 // devRT is a device's runtime state.
@@ -124,6 +129,7 @@ type devRT struct {
 	// held is the op_id of a write a read-back could not decide, while
 	// the worker holds it for an operator ("": none).
 	held atomic.Pointer[string]
+	outc [maxCodes]atomic.Pointer[prometheus.Counter] // metrics.byDevice
 }
 
 // heldOp is the write held for an operator after a read-back, "" if none.
@@ -157,7 +163,7 @@ func New(o Options) (*Agent, error) {
 	a := &Agent{o: o, cfg: o.Config, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
 		devs: map[string]*devRT{}, workers: map[string]*worker{},
 		incoming: make(chan Delivery, 8192), acks: make(chan *arrival, 8192),
-		stopping: make(chan struct{}), failed: make(chan struct{})}
+		stopping: make(chan struct{}), failed: make(chan struct{}), stats: &statRing{}, begun: time.Now()}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	for _, d := range o.Config.Devices {
 		drv := o.Drivers[d.ID]
@@ -187,6 +193,12 @@ func New(o Options) (*Agent, error) {
 		a.o.Auth = v
 	}
 	a.auth = newAuthState(o.Auth, a.DeviceIDs(), o.Registry)
+	for _, w := range a.workers {
+		dev, group := workerLabels(w.id)
+		w.gauge = a.m.queueDepth.WithLabelValues(dev, group)
+		a.m.queueLimit.WithLabelValues(dev, group).Set(float64(w.limit))
+	}
+	a.m.gauges(a)
 	a.pub = newPublisher(a)
 	return a, nil
 }
@@ -202,7 +214,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	failpoint.Hit(failpoint.Recovery, "")
 	for _, w := range a.workers {
-		a.m.queueDepth.WithLabelValues(w.id).Set(float64(w.depth.Load()))
+		w.gauge.Set(float64(w.depth.Load()))
 		a.wg.Add(1)
 		go w.run()
 	}

@@ -18,4 +18,10 @@ var (
 	// topic): the publisher drops it, logged and counted, instead of
 	// retrying it for ever ahead of everything behind it.
 	ErrUnpublishable = errors.New("agent: the message can never be published")
+	// ErrBadRequest is returned by admin calls for a malformed query (a
+	// limit out of range, a cursor that no page gave out).
+	ErrBadRequest = errors.New("agent: bad request")
+	// ErrTooMany is returned by GET /v1/events when MaxEventClients
+	// streams are open.
+	ErrTooMany = errors.New("agent: too many event streams")
 )

@@ -64,6 +64,7 @@ func (a *Agent) admit(d Delivery) *arrival {
 	if isCmd && !d.Retained && len(d.Payload) > 0 {
 		cmd, unauth, pe = a.open(dev, d.Payload)
 	}
+	a.logArrival(dev, &cmd, d.Retained, len(d.Payload))
 	rt := a.devs[dev]
 	kind, code := Arrive(Arrival{Retained: d.Retained, Empty: len(d.Payload) == 0, CmdTopic: isCmd,
 		Unauthorized: unauth != nil, ParseErr: pe, Known: rt != nil})
@@ -270,9 +271,10 @@ func (a *Agent) ackLoop() {
 		}
 		switch ar.kind {
 		case AdmitQueued:
-			a.m.queueDepth.WithLabelValues(ar.entry.Worker).Set(float64(a.devs[ar.dev].w.depth.Load()))
+			w := a.devs[ar.dev].w
+			w.gauge.Set(float64(w.depth.Load()))
 		case AdmitAnswer:
-			a.answerNow(ar.topic, *ar.answer)
+			a.answerNow(ar.topic, *ar.answer, &ar.cmd)
 		case AdmitReplay:
 			if ar.rec.Status == store.OpUnknown {
 				// It may have become final since: replay what is recorded now.
@@ -286,7 +288,7 @@ func (a *Agent) ackLoop() {
 			r := resultOf(ar.rec, a.devs[ar.dev].lastFence.Load(), true)
 			r.OpID, r.Fence = ar.cmd.OpID, ar.cmd.Fence
 			a.m.replays.Inc()
-			a.answerNow(ar.topic, r)
+			a.answerNow(ar.topic, r, &ar.cmd)
 		}
 		if ar.kind == AdmitQueued && failpoint.Armed(failpoint.BeforeAck, ar.cmd.OpID) {
 			a.waitPublished(ar.dev, ar.cmd.OpID, 10*time.Second)
@@ -302,8 +304,9 @@ func (a *Agent) ackLoop() {
 // through the ordered publisher, and waits (bounded) for the broker to take
 // it before the delivery is acknowledged. Not answered in time: logged;
 // the controller resends until it sees a Result.
-func (a *Agent) answerNow(topic string, r wire.Result) {
-	a.m.answered(r.Code)
+func (a *Agent) answerNow(topic string, r wire.Result, cmd *wire.Command) {
+	a.observe(&outcome{dev: r.Device, opID: r.OpID, fence: r.Fence, action: cmd.Action, holder: cmd.Holder,
+		code: r.Code, reason: r.Reason, dup: r.Duplicate})
 	done := make(chan struct{})
 	a.pub.push(pubItem{topic: topic, payload: resultJSON(r), dev: r.Device, done: done})
 	select {

@@ -95,6 +95,16 @@ func (it *pubItem) isState() bool {
 }
 
 func (p *publisher) push(it pubItem) {
+	// The live feed (GET /v1/events) sees every Result and DeviceState
+	// handed over here, without waiting for anyone.
+	if p.a.ev.n.Load() > 0 {
+		switch {
+		case it.isState():
+			p.a.ev.publish("state", it.payload)
+		case !it.retained && len(it.payload) > 0:
+			p.a.ev.publish("result", it.payload)
+		}
+	}
 	p.mu.Lock()
 	if it.isState() {
 		if p.states == nil {

@@ -64,6 +64,9 @@ func (a *Agent) recover(ctx context.Context) error {
 			if ok && o.InboxSeq == e.Seq {
 				st = o.Status
 			}
+			if st == store.OpUnknown {
+				a.held.Add(1)
+			}
 			entries = append(entries, entry{item{InboxEntry: e}, st})
 			return nil
 		}); err != nil {
@@ -118,6 +121,12 @@ func (a *Agent) dropOrphans(ctx context.Context, orphans []store.Op) error {
 	if len(orphans) == 0 {
 		return nil
 	}
+	var ended []outcome
+	defer func() {
+		for i := range ended {
+			a.observe(&ended[i])
+		}
+	}()
 	return a.st.Update(ctx, func(tx *store.Tx) error {
 		for i := range orphans {
 			o := &orphans[i]
@@ -127,11 +136,15 @@ func (a *Agent) dropOrphans(ctx context.Context, orphans []store.Op) error {
 				}
 				continue
 			}
-			a.log.Warn("recovery: a queued command's device is no longer configured; answered unknown_device", "device", o.Device, "op_id", o.OpID)
 			dec := end(wire.CodeUnknownDevice, "device %q is no longer configured on gateway %s; the command was not executed", o.Device, a.cfg.GatewayID)
 			if _, _, err := a.endTx(tx, o, dec, nil); err != nil {
 				return err
 			}
+			// Logged once committed (a failed commit fails the start).
+			tx.OnCommit(func() {
+				ended = append(ended, outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
+					code: dec.Code, reason: dec.Reason})
+			})
 		}
 		return nil
 	})
@@ -210,5 +223,5 @@ func (w *worker) forget(seq uint64) {
 	}
 	w.mu.Unlock()
 	d := w.depth.Add(-1)
-	w.a.m.queueDepth.WithLabelValues(w.id).Set(float64(d))
+	w.gauge.Set(float64(d))
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/policy"
@@ -33,8 +35,9 @@ type worker struct {
 	mu      sync.Mutex
 	fifo    []item
 	wake    chan struct{}
-	resolve chan struct{} // an operator resolved the held write
-	current atomic.Value  // string: op being worked on, for the admin API
+	resolve chan struct{}    // an operator resolved the held write
+	current atomic.Value     // string: op being worked on, for the admin API
+	gauge   prometheus.Gauge // edge_agent_queue_depth of this worker
 	// unresolved is how many of the entries recovery queued first are
 	// unresolved writes (settleRecovered).
 	unresolved int
@@ -133,7 +136,7 @@ func (w *worker) pop() {
 	w.fifo = w.fifo[1:]
 	w.mu.Unlock()
 	d := w.depth.Add(-1)
-	w.a.m.queueDepth.WithLabelValues(w.id).Set(float64(d))
+	w.gauge.Set(float64(d))
 }
 
 func (w *worker) run() {
@@ -380,6 +383,7 @@ func stateOrEmpty(s json.RawMessage) json.RawMessage {
 func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 	a := w.a
 	var d store.Device
+	wasUnknown := o.Status == store.OpUnknown // a resend after a confirmed "not applied"
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		if d, _, err = tx.Device(o.Device); err != nil {
@@ -392,6 +396,9 @@ func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 	})
 	if err != nil {
 		return err
+	}
+	if wasUnknown {
+		a.held.Add(-1)
 	}
 	a.fenceKnown(rt, o.Device, d)
 	return nil
@@ -471,11 +478,16 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 		}
 		return a.recordOutcome(tx, o, rt.lastFence.Load(), nil)
 	})
-	if err == nil && first {
-		a.m.unknowns.Inc()
-		a.m.answered(wire.CodeOutcomeUnknown)
+	if err != nil {
+		return err
 	}
-	return err
+	a.held.Add(1)
+	if first {
+		a.m.unknowns.Inc()
+		a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
+			code: wire.CodeOutcomeUnknown, reason: reason, took: a.now().Sub(o.ReceivedAt)})
+	}
+	return nil
 }
 
 // ask resolves an unresolved write (pending at start-up, or unknown)
@@ -553,6 +565,7 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 	a := w.a
 	var d store.Device
 	var moved bool
+	wasUnknown := o.Status == store.OpUnknown
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		d, moved, err = a.endTx(tx, o, dec, state)
@@ -562,17 +575,22 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 		return err
 	}
 	failpoint.Hit(failpoint.AfterOutcome, o.OpID)
-	a.ended(rt, o.Device, dec, d, moved)
+	a.ended(rt, o, dec, d, moved, wasUnknown)
 	return nil
 }
 
-// ended updates memory, metrics and the retained state after an outcome's
-// commit.
-func (a *Agent) ended(rt *devRT, dev string, dec Decision, d store.Device, moved bool) {
+// ended updates memory, metrics, the log and the retained state after an
+// outcome's commit (o as endTx left it; wasUnknown: o was recorded unknown
+// before).
+func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, moved, wasUnknown bool) {
 	rt.lastFence.Store(d.LastFence)
-	a.m.answered(dec.Code)
+	if wasUnknown {
+		a.held.Add(-1)
+	}
+	a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
+		code: dec.Code, reason: dec.Reason, took: a.now().Sub(o.ReceivedAt)})
 	if moved {
-		a.publishState(dev, d)
+		a.publishState(o.Device, d)
 	}
 }
 

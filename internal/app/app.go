@@ -87,20 +87,22 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
 	}
-	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{Logger: a.log})
+	a.reg = prometheus.NewRegistry()
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
+	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{Logger: a.log,
+		ObserveCommit: pm.commit})
 	if err != nil {
 		return err
 	}
 	a.st.Start()
-	a.reg = prometheus.NewRegistry()
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	drv, hd, mb, err := buildDrivers(cfg, a.log)
 	if err != nil {
 		return err
 	}
 	a.http, a.mb = hd, mb
-	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg); err != nil {
+	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg, filepath.Join(cfg.DataDir, "wazero-cache")); err != nil {
 		return err
 	}
 	brokerURL, username, password := cfg.MQTT.Broker, cfg.MQTT.Username, cfg.MQTT.Password
@@ -165,7 +167,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
 		}
 		a.adm = &http.Server{Handler: a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen)}), ReadHeaderTimeout: 5 * time.Second}
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}), ReadHeaderTimeout: 5 * time.Second}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
@@ -261,7 +263,9 @@ func (a *App) closeAll() error {
 	}
 	if a.adm != nil {
 		sctx, c := context.WithTimeout(context.Background(), time.Second)
-		a.adm.Shutdown(sctx)
+		if a.adm.Shutdown(sctx) != nil {
+			a.adm.Close() // a stream still open (GET /v1/events) is cut
+		}
 		c()
 	}
 	if a.mc != nil {
@@ -371,7 +375,7 @@ func modbusPoint(pt *config.ModbusPoint) device.ModbusPoint {
 // buildPolicy loads every plugin a device binds; nil when none does. A load
 // error (missing export, wrong ABI, config rejected) is a configuration
 // error: exit 2.
-func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*policy.Host, error) {
+func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, cacheDir string) (*policy.Host, error) {
 	var bound bool
 	for _, d := range cfg.Devices {
 		bound = bound || d.Policy != nil
@@ -379,7 +383,7 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 	if !bound {
 		return nil, nil
 	}
-	h := policy.NewHost(policy.HostOptions{CacheDir: filepath.Join(cfg.DataDir, "wazero-cache"), Logger: log, Registerer: reg})
+	h := policy.NewHost(policy.HostOptions{CacheDir: cacheDir, Logger: log, Registerer: reg})
 	for i, d := range cfg.Devices {
 		if d.Policy == nil {
 			continue

@@ -585,3 +585,42 @@ func (h *Host) Close(ctx context.Context) error {
 	}
 	return err
 }
+
+// PluginInfo is one loaded plugin binding as an operator sees it.
+type PluginInfo struct {
+	Name    string   // the binding's plugin name
+	Devices []string // the devices bound to it, sorted
+	// State is "ok", "failing" (its last FailureThreshold calls failed)
+	// or "error" (it could not be loaded: every call fails closed).
+	State string
+}
+
+// Plugins lists the plugins in use now, by name.
+func (h *Host) Plugins() []PluginInfo {
+	t := h.table.Load()
+	if t == nil {
+		return nil
+	}
+	by := map[string]*PluginInfo{}
+	for dev, p := range t.pools {
+		pi := by[p.name]
+		if pi == nil {
+			pi = &PluginInfo{Name: p.name, State: "ok"}
+			by[p.name] = pi
+		}
+		pi.Devices = append(pi.Devices, dev)
+		switch {
+		case p.loadErr != nil:
+			pi.State = "error"
+		case pi.State == "ok" && p.consecutive.Load() >= int32(h.threshold):
+			pi.State = "failing"
+		}
+	}
+	out := make([]PluginInfo, 0, len(by))
+	for _, pi := range by {
+		sort.Strings(pi.Devices)
+		out = append(out, *pi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -9,13 +9,14 @@ import (
 // metrics are the Host's Prometheus collectors. They count whether or not
 // they are registered anywhere.
 type metrics struct {
-	evals     *prometheus.CounterVec // plugin, result: allow, deny, rewrite, error
-	failures  *prometheus.CounterVec // plugin, kind: timeout, trap, exit, memory, plugin_error, bad_output, output_too_large, canceled
-	replaced  *prometheus.CounterVec // plugin
-	failing   *prometheus.GaugeVec   // plugin: 1 while it keeps failing
-	reloads   *prometheus.CounterVec // plugin, result: ok, error
-	compile   *prometheus.GaugeVec   // plugin: seconds the last load of the compiled code took
-	instances *prometheus.GaugeVec   // plugin: live instances
+	evals     *prometheus.CounterVec   // plugin, result: allow, deny, rewrite, error
+	failures  *prometheus.CounterVec   // plugin, kind: timeout, trap, exit, memory, plugin_error, bad_output, output_too_large, canceled
+	replaced  *prometheus.CounterVec   // plugin
+	failing   *prometheus.GaugeVec     // plugin: 1 while it keeps failing
+	reloads   *prometheus.CounterVec   // plugin, result: ok, error
+	compile   *prometheus.GaugeVec     // plugin: seconds the last load of the compiled code took
+	instances *prometheus.GaugeVec     // plugin: live instances
+	seconds   *prometheus.HistogramVec // plugin: time of one evaluation, waiting for an instance included
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,6 +49,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "edge_policy_instances",
 			Help: "Live plugin instances.",
 		}, []string{"plugin"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "edge_policy_evaluation_seconds",
+			Help:    "Time of one policy evaluation by plugin (waiting for a warm instance included; failures included).",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 2.5, 14),
+		}, []string{"plugin"}),
 	}
 	if reg != nil {
 		m.evals = register(reg, m.evals)
@@ -57,6 +63,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.reloads = register(reg, m.reloads)
 		m.compile = register(reg, m.compile)
 		m.instances = register(reg, m.instances)
+		m.seconds = register(reg, m.seconds)
 	}
 	return m
 }
@@ -82,11 +89,20 @@ type poolMetrics struct {
 	replaced                   prometheus.Counter
 	failing                    prometheus.Gauge
 	instances                  prometheus.Gauge
+	seconds                    prometheus.Observer
 	m                          *metrics
 	plugin                     string
 }
 
+// failureKinds are the kind labels of edge_policy_failures_total
+// (failureKind, and "init" for an instance that could not be made). Each
+// plugin's series start at zero, so rate() and alerts see the first one.
+var failureKinds = []string{"timeout", "memory", "exit", "trap", "plugin_error", "output_too_large", "bad_output", "other", "init"}
+
 func (m *metrics) forPlugin(plugin string) *poolMetrics {
+	for _, k := range failureKinds {
+		m.failures.WithLabelValues(plugin, k)
+	}
 	return &poolMetrics{
 		allow:     m.evals.WithLabelValues(plugin, "allow"),
 		deny:      m.evals.WithLabelValues(plugin, "deny"),
@@ -95,6 +111,7 @@ func (m *metrics) forPlugin(plugin string) *poolMetrics {
 		replaced:  m.replaced.WithLabelValues(plugin),
 		failing:   m.failing.WithLabelValues(plugin),
 		instances: m.instances.WithLabelValues(plugin),
+		seconds:   m.seconds.WithLabelValues(plugin),
 		m:         m,
 		plugin:    plugin,
 	}

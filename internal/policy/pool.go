@@ -171,6 +171,8 @@ func (p *pool) discard(inst *instance) {
 
 // evaluate runs one call on one instance. The caller is inside the pool.
 func (p *pool) evaluate(ctx context.Context, device string, in *Input) (Decision, error) {
+	start := time.Now()
+	defer func() { p.pm.seconds.Observe(time.Since(start).Seconds()) }()
 	if p.loadErr != nil {
 		p.pm.errs.Inc()
 		return Decision{}, &EvalError{Device: device, Plugin: p.name, Err: p.loadErr}

@@ -33,6 +33,14 @@ func TestOnce(ctx context.Context, wasmPath string, command, state, config []byt
 	return testOnce(ctx, wasmPath, command, state, config, "", nil)
 }
 
+// TestOnceLogged is TestOnce with the plugin's log lines (its own
+// reasons for failing, from sdk.Log or its stdout/stderr) going to log as
+// records with the message "policy: plugin says" and the keys plugin,
+// stream, msg and truncated.
+func TestOnceLogged(ctx context.Context, wasmPath string, command, state, config []byte, log *slog.Logger) (Decision, time.Duration, error) {
+	return testOnce(ctx, wasmPath, command, state, config, "", log)
+}
+
 func testOnce(ctx context.Context, wasmPath string, command, state, config []byte, cacheDir string, log *slog.Logger) (Decision, time.Duration, error) {
 	in, err := testInput(command, state)
 	if err != nil {

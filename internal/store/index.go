@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -160,6 +161,21 @@ func (x *opIndex) flush(btx *bolt.Tx) error {
 	b := btx.Bucket(bucketOpIndex)
 	for _, e := range es {
 		if err := b.Put([]byte(e.key), u64(e.seq)); err != nil {
+			return err
+		}
+	}
+	// The history index (history.go), in its own key order: each device's
+	// new entries go after its older ones.
+	hist := make([][]byte, 0, len(es))
+	for _, e := range es {
+		dev, _, _ := strings.Cut(e.key, "/")
+		hist = append(hist, devSeqKey(dev, e.seq))
+	}
+	sort.Slice(hist, func(i, j int) bool { return bytes.Compare(hist[i], hist[j]) < 0 })
+	hb := btx.Bucket(bucketOpDev)
+	hb.FillPercent = 0.95
+	for _, k := range hist {
+		if err := hb.Put(k, nil); err != nil {
 			return err
 		}
 	}

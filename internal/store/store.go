@@ -14,6 +14,7 @@
 //	opidx   device "/" op_id          -> seq (written once, on admission)
 //	inbox   seq                       -> {worker, device, op_id}
 //	outbox  seq (its own)             -> Result to publish
+//	opdev   device "/" seq            -> nil (each device's records in arrival order: history.go)
 //	devices device                    -> device record (last_fence, state)
 //	meta    "format"                  -> "2"
 //
@@ -60,6 +61,11 @@ type Options struct {
 	MaxBatch int
 	// Logger receives the store's log lines. Nil means slog.Default().
 	Logger *slog.Logger
+	// ObserveCommit, when set, is called after each durable commit with
+	// the number of updates it held (0 for one that only carried Later's)
+	// and the time it took, fsync included: for metrics. It runs on the
+	// commit goroutine and must not block. Nil means none.
+	ObserveCommit func(updates int, took time.Duration)
 }
 
 // Store is the open bbolt file plus its group-commit loop.
@@ -171,6 +177,9 @@ func Open(path string, opts *Options) (*Store, error) {
 				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
+			}
+			if err := fillOpDev(tx); err != nil {
+				return err
 			}
 			return tx.Bucket(bucketMeta).Put(keyFormat, []byte(Format))
 		})
@@ -450,11 +459,15 @@ func (s *Store) commitWith(batch []*request, later []func(*Tx) error) error {
 		return fmt.Errorf("store: commit of %d updates: %w", len(batch), err)
 	}
 	s.idx.committed(txid, flush)
+	took := time.Since(start)
 	s.mu.Lock()
 	s.commits++
 	s.updates += uint64(len(batch))
-	s.commitTime += time.Since(start)
+	s.commitTime += took
 	s.mu.Unlock()
+	if s.opts.ObserveCommit != nil {
+		s.opts.ObserveCommit(len(batch), took)
+	}
 	for _, h := range hooks {
 		h()
 	}

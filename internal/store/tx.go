@@ -173,6 +173,9 @@ func (t *Tx) deleteOp(dev, op string, seq uint64) error {
 	if err := t.tx.Bucket(bucketOpIndex).Delete(opKey(dev, op)); err != nil {
 		return err
 	}
+	if err := t.tx.Bucket(bucketOpDev).Delete(devSeqKey(dev, seq)); err != nil {
+		return err
+	}
 	return t.tx.Bucket(bucketOps).Delete(u64(seq))
 }
 

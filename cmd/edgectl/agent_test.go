@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/app"
+	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/testkit"
+)
+
+// edgectl against a real agent (in-process, embedded broker, firmware-sim):
+// send prints the interim unknown Result and keeps waiting; history lists
+// the device's operations newest first; resolve answers for the held write,
+// and send then ends with the final Result (issue 11).
+func TestSendHistoryResolveAgainstTheAgent(t *testing.T) {
+	s := sim.StartForTest(t, map[string]string{"valve-1": "valve"})
+	brokerAddr := testkit.FreeAddr(t)
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`gateway_id: gw-c
+data_dir: %s
+mqtt: {broker: embedded, embedded_listen: "%s"}
+admin: {listen: "127.0.0.1:0"}
+devices:
+  - id: valve-1
+    type: valve
+    driver: {url: "%s", timeout: 1s, queryable: false}
+`, filepath.Join(t.TempDir(), "data"), brokerAddr, s.URL())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := app.New(cfg, app.Options{Logger: slog.New(slog.DiscardHandler), Version: "test"})
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.Stop(ctx)
+	})
+	testkit.Eventually(t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
+	admin := "http://" + a.AdminAddr()
+	broker := "tcp://" + brokerAddr
+
+	if code, _, stderr := runCLI("send", "--broker", broker, "--gateway", "gw-c", "--device", "valve-1",
+		"--action", "set", "--param", "open=40", "--fence", "7", "--op-id", "v-ok", "--json"); code != 0 {
+		t.Fatalf("send: exit %d %s", code, stderr)
+	}
+	if err := s.SetFaults(sim.Faults{Device: "valve-1", DropResponseRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var out lockedWriter
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"send", "--broker", broker, "--gateway", "gw-c", "--device", "valve-1",
+			"--action", "set", "--param", "open=90", "--fence", "7", "--op-id", "v-held", "--timeout", "60s"}, &out, &out)
+	}()
+	testkit.Eventually(t, 20*time.Second, "send prints the interim unknown", func() bool {
+		return strings.Contains(out.String(), "interim: unknown/outcome_unknown")
+	})
+	if s.Injected().Dropped == 0 {
+		t.Fatal("the simulator dropped no answer")
+	}
+	select {
+	case code := <-done:
+		t.Fatalf("send returned (exit %d) on an unknown Result:\n%s", code, out.String())
+	default:
+	}
+
+	code, hist, stderr := runCLI("history", "--admin", admin, "--device", "valve-1", "--limit", "10")
+	if code != 0 {
+		t.Fatalf("history: exit %d %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(hist), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "RECEIVED") || !strings.Contains(lines[1], "v-held") ||
+		!strings.Contains(lines[1], "unknown/outcome_unknown") || !strings.Contains(lines[2], "v-ok") || !strings.Contains(lines[2], "applied/ok") {
+		t.Fatalf("history:\n%s", hist)
+	}
+	if code, _, stderr := runCLI("history", "--admin", admin, "--device", "nope"); code != 1 || !strings.Contains(stderr, "404") {
+		t.Fatalf("history of an unknown device: exit %d %s", code, stderr)
+	}
+
+	code, res, stderr := runCLI("resolve", "--admin", admin, "--device", "valve-1", "--op-id", "v-held", "--applied=false")
+	if code != 0 || !strings.Contains(res, `"code":"not_applied"`) {
+		t.Fatalf("resolve: exit %d %s %s", code, res, stderr)
+	}
+	select {
+	case code := <-done:
+		if code != 1 || !strings.Contains(out.String(), `"not_applied"`) {
+			t.Fatalf("send after the resolve: exit %d\n%s", code, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("send did not end after the resolve:\n%s", out.String())
+	}
+	if code, _, stderr := runCLI("resolve", "--admin", admin, "--device", "valve-1", "--op-id", "v-held", "--applied=true"); code != 1 || !strings.Contains(stderr, "409") {
+		t.Fatalf("second resolve: exit %d %s", code, stderr)
+	}
+	if code, _, _ := runCLI("resolve", "--admin", admin, "--device", "valve-1", "--op-id", "v-held"); code != 2 {
+		t.Fatalf("resolve without --applied: exit %d, want 2", code)
+	}
+}

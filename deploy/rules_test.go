@@ -1,0 +1,90 @@
+// Package deploy holds what runs beside the agent: a Grafana dashboard
+// (grafana/edge-agent.json) and Prometheus alerting rules
+// (prometheus/edge-agent-rules.yml) with their unit tests. This file runs
+// those tests; e2e/deploy_test.go checks both name only series a running
+// agent exports.
+package deploy
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func promtool(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("no promtool installed (Debian: apt-get install prometheus)")
+	}
+	return p
+}
+
+// The alerting rules are valid and their unit tests pass: each alert fires
+// on the series that should page and stays quiet on the others
+// (prometheus/edge-agent-rules.test.yml).
+func TestAlertRules(t *testing.T) {
+	bin := promtool(t)
+	for _, args := range [][]string{
+		{"check", "rules", "edge-agent-rules.yml"},
+		{"test", "rules", "edge-agent-rules.test.yml"},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = "prometheus"
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		if !strings.Contains(string(out), "SUCCESS") {
+			t.Fatalf("promtool %s said no SUCCESS:\n%s", strings.Join(args, " "), out)
+		}
+	}
+}
+
+// The dashboard is one Grafana dashboard: unique panel IDs, each panel with
+// a title, a place and at least one query on the templated data source.
+func TestDashboardShape(t *testing.T) {
+	b, err := os.ReadFile("grafana/edge-agent.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		UID    string `json:"uid"`
+		Title  string `json:"title"`
+		Panels []struct {
+			ID      int            `json:"id"`
+			Title   string         `json:"title"`
+			Type    string         `json:"type"`
+			GridPos map[string]int `json:"gridPos"`
+			Targets []struct {
+				Expr       string `json:"expr"`
+				Datasource struct {
+					UID string `json:"uid"`
+				} `json:"datasource"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID == "" || d.Title == "" || len(d.Panels) < 10 {
+		t.Fatalf("dashboard uid %q title %q with %d panels", d.UID, d.Title, len(d.Panels))
+	}
+	ids := map[int]bool{}
+	for _, p := range d.Panels {
+		if ids[p.ID] || p.ID == 0 {
+			t.Errorf("panel %q: id %d repeated or missing", p.Title, p.ID)
+		}
+		ids[p.ID] = true
+		if p.Title == "" || p.Type == "" || p.GridPos["w"] == 0 || len(p.Targets) == 0 {
+			t.Errorf("panel %d: title %q type %q gridPos %v targets %d", p.ID, p.Title, p.Type, p.GridPos, len(p.Targets))
+		}
+		for _, tg := range p.Targets {
+			if tg.Expr == "" || tg.Datasource.UID != "${datasource}" {
+				t.Errorf("panel %q: a target with expr %q on data source %q", p.Title, tg.Expr, tg.Datasource.UID)
+			}
+		}
+	}
+}
