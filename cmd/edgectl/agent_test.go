@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/testkit"
+	"github.com/edge-agent/edge-agent/wire"
 )
 
 // edgectl against a real agent (in-process, embedded broker, firmware-sim):
@@ -86,7 +88,8 @@ devices:
 	}
 
 	code, res, stderr := runCLI("resolve", "--admin", admin, "--device", "valve-1", "--op-id", "v-held", "--applied=false")
-	if code != 0 || !strings.Contains(res, `"code":"not_applied"`) {
+	var resolved wire.Result
+	if code != 0 || json.Unmarshal([]byte(res), &resolved) != nil || resolved.Code != wire.CodeNotApplied {
 		t.Fatalf("resolve: exit %d %s %s", code, res, stderr)
 	}
 	select {
