@@ -55,6 +55,8 @@ func main() {
 	mbDevs := flag.String("modbus-devices", "1,8", "device counts of the Modbus table: edge-agent over HTTP, over Modbus TCP, and over Modbus TCP with verify: readback, with the same commands (\"\": none)")
 	out := flag.String("out", "", "append a Markdown table to this file")
 	prof := flag.String("cpuprofile", "", "write a CPU profile of this process here (with -inprocess: of everything but mosquitto)")
+	tableOf := flag.String("profile-table", "", "print the agent's CPU per command by component from this CPU profile (one written with -inprocess -cpuprofile, by this or an earlier edge-bench) and exit; with -profile-commands")
+	tableN := flag.Int("profile-commands", 0, "with -profile-table: how many commands the agent answered while the profile ran")
 	comps := flag.Bool("components", false, "with -inprocess -cpuprofile: after the runs, print the agent's CPU per command by component, from the profile (run one device count, e.g. -devices 64)")
 	inproc := flag.Bool("inprocess", false, "run the agent, the firmware simulator and the echo inside this process (for CPU profiles) instead of as processes of their own")
 	flag.Func("agent-env", "KEY=VALUE added to the edge-agent process's environment, e.g. GOGC=200 (repeatable; not with -inprocess)", func(kv string) error {
@@ -79,6 +81,13 @@ func main() {
 		fmt.Println("ready")
 		io.Copy(io.Discard, os.Stdin)
 		stop()
+		return
+	}
+	if *tableOf != "" {
+		if err := componentTable(os.Stdout, *tableOf, *tableN); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	inProcess = *inproc
