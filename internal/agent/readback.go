@@ -46,8 +46,6 @@ func (w *worker) devWrite(o *store.Op) device.Write {
 // start-up), and the resolve API accepts it while it is held.
 func (w *worker) holdReadBack(rt *devRT, o *store.Op, reason string) (Decision, json.RawMessage, error) {
 	a := w.a
-	rt.pending.Store(1)
-	defer rt.pending.Store(0)
 	if o.Status != store.OpUnknown {
 		if err := w.markUnknown(o, reason); err != nil {
 			return Decision{}, nil, err

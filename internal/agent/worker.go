@@ -289,7 +289,14 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 	a := w.a
 	var state json.RawMessage
 	var err error
+	// The admin API's "pending" is 1 from the write's pending record to
+	// its end, without a gap between the steps (an unknown Result is
+	// published between the write and the asking).
+	defer rt.pending.Store(0)
 	for {
+		if dec.Step != StepEnd && dec.Step != stepGone {
+			rt.pending.Store(1)
+		}
 		switch dec.Step {
 		case StepEnd:
 			return true, w.end(rt, &o, dec, state)
@@ -448,8 +455,6 @@ func writeTimeout(rt *devRT) time.Duration {
 // write sends o (pending under o.Key) and classifies its outcome.
 func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) {
 	a := w.a
-	rt.pending.Store(1)
-	defer rt.pending.Store(0)
 	if a.ctx.Err() != nil {
 		return Decision{}, nil, errStopping // the pending record stays; recovery resolves it
 	}
@@ -497,8 +502,6 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 // operator resolves it (stepGone).
 func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) {
 	a := w.a
-	rt.pending.Store(1)
-	defer rt.pending.Store(0)
 	if !rt.drv.Queryable(o.Device) {
 		return w.hold(o)
 	}
