@@ -15,6 +15,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
 
@@ -38,6 +39,8 @@ type engine struct {
 	closeOnDone bool
 	wasi        map[string]api.FunctionDefinition
 	sinks       sync.Map // api.Module -> *sink, for edge.log
+	// alloc backs guest memories (memory_unix.go); nil: wazero's own.
+	alloc experimental.MemoryAllocator
 }
 
 // compilerSupported mirrors wazero's own choice of its optimizing compiler
@@ -53,7 +56,7 @@ func compilerSupported() bool {
 }
 
 func newEngine(ctx context.Context, cacheDir string, log *slog.Logger, forceCloseOnDone bool) (*engine, error) {
-	e := &engine{log: log}
+	e := &engine{log: log, alloc: memoryAllocator()}
 	var cfg wazero.RuntimeConfig
 	if compilerSupported() && !forceCloseOnDone {
 		cfg = wazero.NewRuntimeConfigCompiler()
