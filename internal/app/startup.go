@@ -45,7 +45,7 @@ func (s *startup) err() error {
 	}
 	if h := s.host.Load(); h != nil {
 		switch p := h.Progress(); {
-		case p.Ready:
+		case p.Ready, p.Total == 0: // done, or not counted yet
 		case p.Compiled < p.Total:
 			return fmt.Errorf("compiling plugins %d/%d", p.Compiled, p.Total)
 		default:
