@@ -67,8 +67,10 @@ func TestColdStartAnswersHealthAndHoldsCommands(t *testing.T) {
 	if code, body := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz while compiling: %d %s", code, body)
 	}
-	if code, body := get("/v1/devices"); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "starting") {
-		t.Fatalf("/v1/devices while compiling: %d %s", code, body)
+	for _, path := range []string{"/v1/devices", "/metrics"} {
+		if code, body := get(path); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "starting: ") {
+			t.Fatalf("%s while compiling: %d %s", path, code, body)
+		}
 	}
 	code, body := get("/readyz")
 	if code != http.StatusServiceUnavailable {

@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"sync/atomic"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/edge-agent/edge-agent/internal/policy"
 )
 
@@ -65,10 +63,11 @@ func (s *handlerSwitch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	(*s.h.Load()).ServeHTTP(w, r)
 }
 
-// startingHandler serves the admin API while Start runs: /healthz,
-// /readyz (503 saying what Start waits for), /metrics; everything else is
-// 503 until the agent is up (it reveals nothing, so the access rules of
-// docs/protocol.md §3 hold).
+// startingHandler serves the admin API while Start runs: /healthz and
+// /readyz (503 saying what Start waits for); everything else, /metrics
+// included, is 503 until the agent is up. It reveals nothing, so the
+// access rules of docs/protocol.md §3 hold; and no scrape can run the
+// agent's metric functions while Start is still building what they read.
 func (a *App) startingHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -81,7 +80,6 @@ func (a *App) startingHandler() http.Handler {
 		}
 		w.Write([]byte("ready\n"))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		msg := "starting"
 		if err := a.boot.err(); err != nil {
