@@ -37,6 +37,7 @@ test:
 bench:
 	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./internal/agent ./wire/jws ./internal/auth
 	$(GO) run ./cmd/edge-bench
+	$(GO) run ./cmd/edge-bench -footprint-plugins
 
 # fmt, vet, staticcheck (pinned) over both modules, then the tests.
 check: fmt vet staticcheck test

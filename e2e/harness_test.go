@@ -77,6 +77,7 @@ type env struct {
 	dataDir string
 	cfgPath string
 	extra   string // extra top-level YAML
+	adminAt string // admin.listen; "": 127.0.0.1:0
 
 	app  *app.App
 	proc *testkit.Proc // the agent process (startProc); nil once it exited
@@ -129,7 +130,11 @@ func newEnv(t testing.TB, devs ...devSpec) *env {
 func (e *env) writeConfig() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-agent-e2e\n", gw, e.dataDir, e.broker)
-	b.WriteString("admin:\n  listen: 127.0.0.1:0\nshutdown_timeout: 5s\n")
+	adminAt := e.adminAt
+	if adminAt == "" {
+		adminAt = "127.0.0.1:0"
+	}
+	fmt.Fprintf(&b, "admin:\n  listen: %s\nshutdown_timeout: 5s\n", adminAt)
 	b.WriteString(e.extra)
 	b.WriteString("devices:\n")
 	for _, d := range e.devs {

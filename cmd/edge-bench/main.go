@@ -90,6 +90,13 @@ func main() {
 		}
 		return
 	}
+	if *fpPlugins { // plugins_footprint.go
+		if err := runFootprintPlugins(); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	inProcess = *inproc
 	if *prof != "" {
 		f, err := os.Create(*prof)

@@ -57,6 +57,8 @@ type App struct {
 	pub  lateClient
 
 	mqttErr chan error
+	boot    startup       // what Start is doing (startup.go)
+	handler handlerSwitch // the admin API's
 	// wg is every goroutine the App starts (admin server, MQTT connect,
 	// plugin watcher); Stop waits for them. stopWatch ends the watcher.
 	wg        sync.WaitGroup
@@ -71,12 +73,17 @@ func New(cfg *config.Config, o Options) *App {
 	if o.Version == "" {
 		o.Version = "dev"
 	}
-	return &App{cfg: cfg, o: o, log: o.Logger, mqttErr: make(chan error, 1)}
+	a := &App{cfg: cfg, o: o, log: o.Logger, mqttErr: make(chan error, 1)}
+	a.boot.set("not started")
+	return a
 }
 
 // Start opens everything and begins serving; the MQTT connection is made in
 // the background (MQTTErr reports a failure to connect). On error,
-// everything opened so far is closed.
+// everything opened so far is closed. The admin API serves from the
+// beginning (/healthz, and /readyz saying what Start waits for, such as
+// "compiling plugins 2/5"); the agent's workers and the MQTT session start
+// only once every plugin is loaded (startup.go).
 func (a *App) Start(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
@@ -90,6 +97,21 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
+	a.boot.set("opening the store")
+	if *cfg.Admin.Listen != "" {
+		a.ln, err = net.Listen("tcp", *cfg.Admin.Listen)
+		if err != nil {
+			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
+		}
+		a.handler.set(a.startingHandler())
+		a.adm = &http.Server{Handler: &a.handler, ReadHeaderTimeout: 5 * time.Second}
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.adm.Serve(a.ln)
+		}()
+		a.log.Info("admin API listening", "addr", a.ln.Addr().String())
+	}
 	a.st, err = store.Open(filepath.Join(cfg.DataDir, "agent.db"), &store.Options{Logger: a.log,
 		ObserveCommit: pm.commit})
 	if err != nil {
@@ -102,9 +124,12 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.http, a.mb = hd, mb
-	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg, filepath.Join(cfg.DataDir, "wazero-cache")); err != nil {
+	a.boot.set("loading plugins")
+	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg, filepath.Join(cfg.DataDir, "wazero-cache"), &a.boot.host); err != nil {
 		return err
 	}
+	a.boot.host.Store(nil)
+	a.boot.set("starting the agent")
 	brokerURL, username, password := cfg.MQTT.Broker, cfg.MQTT.Username, cfg.MQTT.Password
 	tlsOpts := mqtt.TLSOptions{CAFile: cfg.MQTT.TLS.CAFile, CertFile: cfg.MQTT.TLS.CertFile, KeyFile: cfg.MQTT.TLS.KeyFile}
 	if cfg.MQTT.Broker == "embedded" {
@@ -161,20 +186,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("%w: mqtt: %v", ErrConfig, err)
 	}
 	a.pub.set(a.mc)
-	if *cfg.Admin.Listen != "" {
-		a.ln, err = net.Listen("tcp", *cfg.Admin.Listen)
-		if err != nil {
-			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
-		}
-		a.adm = &http.Server{Handler: a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}), ReadHeaderTimeout: 5 * time.Second}
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			a.adm.Serve(a.ln)
-		}()
-		a.log.Info("admin API listening", "addr", a.ln.Addr().String())
+	if a.adm != nil {
+		a.handler.set(a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}))
 	}
+	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -194,8 +210,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 }
 
 // Ready is nil once the store is open, plugins are loaded and MQTT is
-// subscribed.
+// subscribed; otherwise it says what the agent waits for.
 func (a *App) Ready() error {
+	if err := a.boot.err(); err != nil {
+		return err
+	}
 	if a.mc == nil || !a.mc.Subscribed() {
 		return errors.New("MQTT not subscribed")
 	}
@@ -375,7 +394,9 @@ func modbusPoint(pt *config.ModbusPoint) device.ModbusPoint {
 // buildPolicy loads every plugin a device binds; nil when none does. A load
 // error (missing export, wrong ABI, config rejected) is a configuration
 // error: exit 2.
-func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, cacheDir string) (*policy.Host, error) {
+// loading, if not nil, receives the host while its plugins load (for
+// Ready).
+func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, cacheDir string, loading *atomic.Pointer[policy.Host]) (*policy.Host, error) {
 	var bound bool
 	for _, d := range cfg.Devices {
 		bound = bound || d.Policy != nil
@@ -396,6 +417,9 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 		if err := h.Bind(d.ID, b); err != nil {
 			return nil, fmt.Errorf("%w: devices[%d] (%s).policy: %v", ErrConfig, i, d.ID, err)
 		}
+	}
+	if loading != nil {
+		loading.Store(h)
 	}
 	if err := h.Start(ctx); err != nil {
 		h.Close(context.Background())

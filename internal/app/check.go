@@ -12,7 +12,7 @@ import (
 // again: `edge-agent config check`. It writes nothing (no compile cache).
 // The error joins every plugin's problem, each wrapping ErrConfig.
 func CheckPlugins(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	h, err := buildPolicy(ctx, cfg, log, nil, "")
+	h, err := buildPolicy(ctx, cfg, log, nil, "", nil)
 	if h != nil {
 		h.Close(context.Background())
 	}

@@ -63,4 +63,4 @@ func (a *App) plugins() []agent.PluginStatus {
 	return out
 }
 
-func (a *App) mqttConnected() bool { return a.mc != nil && a.mc.Subscribed() }
+func (a *App) mqttConnected() bool { return a.boot.done() && a.mc != nil && a.mc.Subscribed() }

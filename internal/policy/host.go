@@ -95,6 +95,9 @@ type Host struct {
 	stop  context.CancelFunc
 	done  chan struct{} // closed by Close: Watch returns
 	wg    sync.WaitGroup
+
+	// Start's progress (Progress): plugin files to compile, and done.
+	loadTotal, loadDone atomic.Int32
 }
 
 var _ Evaluator = (*Host)(nil)
@@ -208,6 +211,23 @@ func (h *Host) Start(ctx context.Context) error {
 	return nil
 }
 
+// Progress is how far Start has got.
+type Progress struct {
+	// Compiled of Total plugin files are compiled (or loaded from the
+	// compilation cache); both are 0 before Start has looked at them.
+	Compiled, Total int
+	// Ready: Start has succeeded (every plugin is loaded and initialised,
+	// and Evaluate decides) and Close has not been called.
+	Ready bool
+}
+
+// Progress says how far Start has got; it may be called from any
+// goroutine while Start runs (the agent's /readyz does).
+func (h *Host) Progress() Progress {
+	t := h.table.Load()
+	return Progress{Compiled: int(h.loadDone.Load()), Total: int(h.loadTotal.Load()), Ready: t != nil && !t.closed}
+}
+
 // Evaluate decides one command for one device (Evaluator). A device with
 // no binding is allowed unchanged. An error means the policy did not
 // decide (an *EvalError): the caller rejects the command policy_error.
@@ -313,6 +333,13 @@ func (h *Host) reconcile(ctx context.Context, old *table, strict bool) (*table, 
 	fresh := map[pluginKey]*plugin{}   // compiled now
 	failed := map[pluginKey]error{}
 	lims := map[string]Limits{}
+	if strict {
+		keys := map[pluginKey]bool{}
+		for _, d := range devices {
+			keys[pluginKey{binds[d].Path, binds[d].Limits.or(h.defaults).pages()}] = true
+		}
+		h.loadTotal.Store(int32(len(keys)))
+	}
 	for _, d := range devices {
 		b := binds[d]
 		lim := b.Limits.or(h.defaults)
@@ -328,6 +355,9 @@ func (h *Host) reconcile(ctx context.Context, old *table, strict bool) (*table, 
 			continue
 		}
 		p, err := h.load(ctx, b.Plugin, k)
+		if strict {
+			h.loadDone.Add(1)
+		}
 		switch {
 		case err != nil:
 			failed[k] = err

@@ -447,3 +447,40 @@ func TestTestOnce(t *testing.T) {
 		t.Fatalf("bad command JSON: %v", err)
 	}
 }
+
+// TestStartProgress: Progress counts the plugin files Start compiles (once
+// per file, however many devices and configs bind it), says Ready once
+// Start has succeeded, and no longer after Close; a failed Start is not
+// Ready. (The agent's /readyz reports it while plugins compile:
+// e2e.TestColdStartAnswersHealthAndHoldsCommands.)
+func TestStartProgress(t *testing.T) {
+	h := newTestHost(t, HostOptions{CacheDir: sharedCache(t)})
+	if p := h.Progress(); p != (Progress{}) {
+		t.Fatalf("before Start: %+v", p)
+	}
+	h.bind(t, "pump-1", "range-limit", `{"param":"rpm","max":3000}`)
+	h.bind(t, "pump-2", "range-limit", `{"param":"rpm","max":1000}`)
+	h.bind(t, "pump-5", "range-limit-c", `{"param":"rpm","max":3000}`)
+	h.start(t)
+	if p := h.Progress(); p != (Progress{Compiled: 2, Total: 2, Ready: true}) {
+		t.Fatalf("after Start: %+v", p)
+	}
+	if err := h.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p := h.Progress(); p.Ready {
+		t.Fatalf("after Close: %+v", p)
+	}
+
+	bad := newTestHost(t, HostOptions{CacheDir: sharedCache(t)})
+	bad.bind(t, "pump-1", "range-limit", `{"param":"rpm","max":3000}`)
+	if err := bad.Bind("pump-9", Binding{Path: filepath.Join(t.TempDir(), "missing.wasm")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Start(context.Background()); err == nil {
+		t.Fatal("Start with a missing plugin succeeded")
+	}
+	if p := bad.Progress(); p.Ready || p.Total != 2 || p.Compiled != 2 {
+		t.Fatalf("after a failed Start: %+v, want 2/2 looked at, not ready", p)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 )
 
@@ -77,7 +78,7 @@ func (e *engine) newInstance(ctx context.Context, p *plugin, config []byte, s *s
 		WithRandSource(randReader).
 		WithStdout(inst.stdio).
 		WithStderr(inst.stdio)
-	mod, err := e.rt.InstantiateModule(ctx, p.compiled, mc)
+	mod, err := e.rt.InstantiateModule(experimental.WithMemoryAllocator(ctx, e.alloc), p.compiled, mc)
 	if err != nil {
 		if strings.Contains(err.Error(), "import") {
 			return nil, fmt.Errorf("%w: %w", ErrImport, err)

@@ -55,6 +55,9 @@ import (
 // instruction of the original module can name them.
 //
 // It also:
+//   - merges the data segments that lie close together (mergeData), so
+//     that wazero keeps a few large ones instead of thousands of small
+//     ones;
 //   - lowers (or sets) the maximum of the defined memory to the plugin's
 //     memory limit, so memory.grow beyond the cap fails inside the guest:
 //     one runtime serves every limit;
@@ -219,6 +222,10 @@ func instrument(bin []byte, memPages uint32) (*instrumented, error) {
 	check = append(check, 0x04, 0x40, 0x00, 0x0B) // if, unreachable, end
 	check = append(check, 0x0B)                   // end
 
+	hasDataCount := false
+	for _, s := range secs {
+		hasDataCount = hasDataCount || s.id == secDataCnt
+	}
 	var sawGlobal, sawExport bool
 	result := make([]section, 0, len(secs)+2)
 	for i, s := range secs {
@@ -237,6 +244,8 @@ func instrument(bin []byte, memPages uint32) (*instrumented, error) {
 		case secExport:
 			sawExport = true
 			s.body = appendVec(s.body, nExports, newExports)
+		case secData:
+			s.body = mergeData(s.body, hasDataCount)
 		case secCode:
 			if benchNoDeadline {
 				check = nil

@@ -1,0 +1,5 @@
+package policy
+
+import "syscall"
+
+const mapNoReserve = syscall.MAP_NORESERVE
