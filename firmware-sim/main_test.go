@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -183,5 +184,17 @@ func TestParseDevices(t *testing.T) {
 	got, err := parseDevices(" pump-7:pump, valve-1:valve ")
 	if err != nil || len(got) != 2 || got["pump-7"] != "pump" || got["valve-1"] != "valve" {
 		t.Fatalf("parseDevices = %v, %v", got, err)
+	}
+}
+
+// --version prints version, commit, build date, Go version and OS/arch and
+// exits 0 without needing --devices.
+func TestVersionFlag(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "--version")
+	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	want := "firmware-sim " + Version + " (commit unknown, built unknown) " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
+	if err != nil || string(out) != want {
+		t.Fatalf("%v: %q, want %q", err, out, want)
 	}
 }

@@ -14,6 +14,16 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edge-agent/edge-agent/internal/buildinfo"
+)
+
+// Version, Commit and Date are set at build time by the Makefile (-ldflags
+// -X main.Version=...); `edgectl --version` prints them.
+var (
+	Version = "0.1.0-dev"
+	Commit  = ""
+	Date    = ""
 )
 
 // usageError marks an error as the user's (exit status 2).
@@ -40,7 +50,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Short:         "Send fenced commands to edge-agent devices and watch them",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       Version,
 	}
+	root.SetVersionTemplate(buildinfo.Line("edgectl", Version, Commit, Date) + "\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
