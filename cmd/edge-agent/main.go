@@ -1,5 +1,5 @@
-// Command edge-agent is the fencing gateway: `run`, `inspect`, `policy
-// test`, `version` (PROTOCOL.md §4). main is wiring only.
+// Command edge-agent is the fencing gateway: `run`, `inspect`, `compact`,
+// `policy test`, `version` (PROTOCOL.md §4). main is wiring only.
 package main
 
 import (
@@ -48,7 +48,7 @@ func main() {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.Args = usageArgs(cobra.NoArgs) // an unknown command
 	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
-	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), &cobra.Command{
+	root.AddCommand(runCmd(), inspectCmd(), compactCmd(), policyCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit, build date, Go version and OS/arch (also --version)",
 		Args:  usageArgs(cobra.NoArgs),
