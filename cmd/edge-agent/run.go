@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/spf13/cobra"
 
 	"github.com/edge-agent/edge-agent/configs"
@@ -51,22 +52,49 @@ func runCmd() *cobra.Command {
 
 // faults reads the test-only fault injection variables (docs/testing.md):
 // EDGE_AGENT_FAULT_FAIL_COMMIT=N fails the Nth group commit after start-up;
-// EDGE_AGENT_CRASH=POINT[:OP_ID] SIGKILLs the process at a crash point
-// (after_pending, after_write, before_ack), optionally only for one op_id.
+// EDGE_AGENT_FAULT_STALL_COMMIT=N makes the Nth group commit hang for good
+// (a disk that stopped answering: the commit loop is stuck, the process
+// lives on); EDGE_AGENT_CRASH=POINT[:OP_ID] SIGKILLs the process at a crash
+// point (after_pending, after_write, before_ack), optionally only for one
+// op_id.
 func faults(log *slog.Logger) (failCommit func() error, crashAt string, kill func(point, op string), err error) {
-	if v := os.Getenv("EDGE_AGENT_FAULT_FAIL_COMMIT"); v != "" {
+	nth := func(name string) (int64, error) {
+		v := os.Getenv(name)
+		if v == "" {
+			return 0, nil
+		}
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return nil, "", nil, fmt.Errorf("EDGE_AGENT_FAULT_FAIL_COMMIT=%q: want a positive integer", v)
+			return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
 		}
+		return int64(n), nil
+	}
+	failAt, err := nth("EDGE_AGENT_FAULT_FAIL_COMMIT")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	stallAt, err := nth("EDGE_AGENT_FAULT_STALL_COMMIT")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if failAt > 0 || stallAt > 0 {
 		var count atomic.Int64
 		failCommit = func() error {
-			if count.Add(1) == int64(n) {
+			switch count.Add(1) {
+			case stallAt:
+				log.Warn("fault injection: commit stalled for good (EDGE_AGENT_FAULT_STALL_COMMIT)", "commit", stallAt)
+				select {} // the commit loop never returns from this commit
+			case failAt:
 				return errors.New("injected commit failure (EDGE_AGENT_FAULT_FAIL_COMMIT)")
 			}
 			return nil
 		}
-		log.Warn("fault injection: a commit will fail", "commit", n)
+		if failAt > 0 {
+			log.Warn("fault injection: a commit will fail", "commit", failAt)
+		}
+		if stallAt > 0 {
+			log.Warn("fault injection: a commit will hang", "commit", stallAt)
+		}
 	}
 	if v := os.Getenv("EDGE_AGENT_CRASH"); v != "" {
 		point, _, _ := strings.Cut(v, ":")
@@ -91,13 +119,20 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a := app.New(cfg, app.Options{Logger: log, Version: Version, FailCommit: failCommit, CrashAt: crashAt, Kill: kill})
+	sd := newNotifier(log)
+	a := app.New(cfg, app.Options{Logger: log, Version: Version, FailCommit: failCommit, CrashAt: crashAt, Kill: kill,
+		MQTTGrace: sd.mqttGrace()})
 	if err := a.Start(ctx); err != nil {
 		if errors.Is(err, app.ErrConfig) {
 			return configErr(err)
 		}
 		return err
 	}
+	// READY=1 and the watchdog pings; they go on while the agent drains
+	// (systemd's watchdog stays armed while a unit stops) and end with it.
+	sdCtx, sdStop := context.WithCancel(context.Background())
+	defer sdStop()
+	go sd.run(sdCtx, a)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -122,6 +157,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 			log.Error("stopping after a fatal error", "err", a.Err())
 			os.Exit(1)
 		case <-ctx.Done():
+			sd.send(daemon.SdNotifyStopping)
 			log.Info("draining", "shutdown_timeout", cfg.ShutdownTimeout.D().String())
 			dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout.D())
 			defer cancel()

@@ -39,6 +39,9 @@ type Options struct {
 	FailCommit func() error             // store fault injection (tests)
 	CrashAt    string                   // armed crash point (tests): see agent.Options
 	Kill       func(point, opID string) // called at the armed crash point
+	// MQTTGrace is how long Live tolerates a lost MQTT connection. Zero
+	// means DefaultMQTTGrace.
+	MQTTGrace time.Duration
 }
 
 // App is one running agent process.
@@ -58,6 +61,7 @@ type App struct {
 	pub  lateClient
 
 	mqttErr chan error
+	live    liveness
 }
 
 // New validates the wiring; it does no I/O.
@@ -67,6 +71,9 @@ func New(cfg *config.Config, o Options) *App {
 	}
 	if o.Version == "" {
 		o.Version = "dev"
+	}
+	if o.MQTTGrace == 0 {
+		o.MQTTGrace = DefaultMQTTGrace
 	}
 	return &App{cfg: cfg, o: o, log: o.Logger, mqttErr: make(chan error, 1)}
 }
