@@ -45,10 +45,12 @@ demo: $(addprefix $(PLUGINS_DIR)/,$(addsuffix .wasm,$(PLUGINS_GO)))
 # Every guarantee, against real mosquitto, etcd, bbolt files and .wasm
 # built from source (.ci/run installs them on a fresh Debian machine). The
 # C plugin is built here unconditionally: without clang this fails, as it
-# should in CI.
+# should in CI. packaging/ (the Debian package, a module of its own) is
+# tested too.
 test: plugins-c
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
+	cd packaging && $(GO) vet ./... && $(GO) test $(TESTFLAGS) ./...
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
 bench:
@@ -62,6 +64,7 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	cd packaging && $(GO) vet ./...
 
 clean:
 	rm -rf $(BIN) $(DIST) plugins/build data .demo
