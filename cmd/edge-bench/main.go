@@ -8,6 +8,12 @@
 // CPU every process spent per command. Each device's controller keeps one
 // command in flight, as an owner does (DESIGN.md: the next command only
 // after the previous one has its final Result).
+//
+// With -footprint it measures the disk instead (footprint.go): bytes the
+// agent process writes per command (/proc/PID/io write_bytes), with
+// mosquitto or the embedded broker, and the store file's size after
+// -commands commands with the default retention; -idle adds an idle stretch
+// with systemd's watchdog on (its store probe's writes).
 package main
 
 import (
@@ -55,6 +61,10 @@ func main() {
 		agentEnv = append(agentEnv, kv)
 		return nil
 	})
+	fp := flag.Bool("footprint", false, "measure bytes written per command and the store's size instead of speed (footprint.go)")
+	fpBrokers := flag.String("brokers", "mosquitto,embedded", "with -footprint: the brokers to run with (mosquitto, embedded)")
+	fpCommands := flag.Int("commands", 20000, "with -footprint: commands per run, after a warm-up of 20 per device")
+	fpIdle := flag.Duration("idle", 0, "with -footprint: then measure the agent idle for this long, watchdog on (WATCHDOG_USEC=30s)")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -68,6 +78,13 @@ func main() {
 		fmt.Println("ready")
 		io.Copy(io.Discard, os.Stdin)
 		stop()
+		return
+	}
+	if *fp {
+		if err := runFootprint(*devs, *fpBrokers, *fpCommands, *fpIdle, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	inProcess = *inproc
