@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
@@ -43,6 +44,8 @@ type footprintRow struct {
 	perSec        float64
 	took          time.Duration
 	idleBytesPerS float64 // -idle: write_bytes per second of an idle agent with the watchdog on
+	deviceBytes   float64 // -data-dir: bytes written to its block device per command; <0: not measured
+	idleDevice    float64 // -data-dir and -idle: bytes per second written to it while idle
 }
 
 // procIO reads write_bytes and syscw of a process from /proc/PID/io.
@@ -67,6 +70,28 @@ func procIO(pid int) (writeBytes, syscw int64, err error) {
 	return writeBytes, syscw, nil
 }
 
+// deviceWritten returns the bytes written so far to the block device that
+// holds dir (/sys/dev/block/MAJ:MIN/stat, sectors written), for a data dir
+// on a device of its own (a loop mount): it counts everything that reaches
+// the device, the file system's journal included.
+func deviceWritten(dir string) (int64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return 0, err
+	}
+	major, minor := (st.Dev>>8)&0xfff|(st.Dev>>32)&^0xfff, st.Dev&0xff|(st.Dev>>12)&^0xff
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/stat", major, minor))
+	if err != nil {
+		return 0, fmt.Errorf("block device of %s: %w", dir, err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 7 {
+		return 0, fmt.Errorf("block device of %s: stat %q", dir, b)
+	}
+	sectors, err := strconv.ParseInt(f[6], 10, 64)
+	return sectors * 512, err
+}
+
 // dirSize is the total size of the regular files under dir.
 func dirSize(dir string) int64 {
 	var n int64
@@ -89,12 +114,19 @@ func freeAddr() (string, error) {
 }
 
 // runFootprint runs -footprint for each broker kind and device count.
-func runFootprint(devList, brokers string, total int, idle time.Duration, out string) error {
+func runFootprint(devList, brokers string, total int, idle time.Duration, dataDir, out string) error {
 	tmp, err := os.MkdirTemp("", "edge-bench-footprint")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
+	runs := tmp
+	if dataDir != "" {
+		if runs, err = os.MkdirTemp(dataDir, "edge-bench-footprint"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(runs)
+	}
 	bins, err := buildBinaries(tmp)
 	if err != nil {
 		return err
@@ -107,15 +139,18 @@ func runFootprint(devList, brokers string, total int, idle time.Duration, out st
 			if err != nil || n < 1 {
 				return fmt.Errorf("-devices %q", devList)
 			}
-			r, err := footprint(bins, filepath.Join(tmp, fmt.Sprintf("%s-%d", kind, n)), kind, n, total, idle)
+			r, err := footprint(bins, filepath.Join(runs, fmt.Sprintf("%s-%d", kind, n)), kind, n, total, idle, dataDir != "")
 			if err != nil {
 				return fmt.Errorf("footprint %s, %d devices: %w", kind, n, err)
 			}
 			rows = append(rows, r)
 			fmt.Printf("%-10s %8d %9d %12.0f %11.2f %13s %11d %11d %11d %8.0f", r.broker, r.devices, r.commands, r.agentBytes,
 				r.agentWrites, brokerCell(r), r.storeBytes, r.storeUsed, r.compacted, r.perSec)
+			if r.deviceBytes >= 0 {
+				fmt.Printf("   device %.0f B/cmd", r.deviceBytes)
+			}
 			if idle > 0 {
-				fmt.Printf("   idle %.0f B/s", r.idleBytesPerS)
+				fmt.Printf("   idle %.0f B/s (device %.0f B/s)", r.idleBytesPerS, r.idleDevice)
 			}
 			fmt.Println()
 		}
@@ -128,17 +163,28 @@ func runFootprint(devList, brokers string, total int, idle time.Duration, out st
 		return err
 	}
 	defer fh.Close()
-	fmt.Fprintf(fh, "\nFootprint, `go run ./cmd/edge-bench -footprint -brokers %s -devices %s -commands %d -idle %s`, %s:\n\n",
-		brokers, devList, total, idle, time.Now().UTC().Format("2006-01-02"))
-	fmt.Fprintln(fh, "| broker | devices | commands | agent bytes written per command | agent write calls per command | mosquitto bytes per command | agent.db file | in use (per command) | compacted | embedded broker's files | cmds/s | idle agent, watchdog on |")
-	fmt.Fprintln(fh, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	dd := ""
+	if dataDir != "" {
+		dd = " -data-dir " + dataDir
+	}
+	fmt.Fprintf(fh, "\nFootprint, `go run ./cmd/edge-bench -footprint -brokers %s -devices %s -commands %d -idle %s%s`, %s:\n\n",
+		brokers, devList, total, idle, dd, time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintln(fh, "| broker | devices | commands | agent write_bytes per command | agent write calls per command | mosquitto write_bytes per command | data dir's device, bytes per command | agent.db file | in use (per command) | compacted | embedded broker's files | cmds/s | idle agent, watchdog on |")
+	fmt.Fprintln(fh, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		idleCell := ""
 		if idle > 0 {
-			idleCell = fmt.Sprintf("%.0f B/s", r.idleBytesPerS)
+			idleCell = fmt.Sprintf("write_bytes %.0f B/s", r.idleBytesPerS)
+			if r.deviceBytes >= 0 {
+				idleCell += fmt.Sprintf(", device %.0f B/s", r.idleDevice)
+			}
 		}
-		fmt.Fprintf(fh, "| %s | %d | %d | %.0f | %.2f | %s | %s | %s (%.0f B) | %s | %s | %.0f | %s |\n", r.broker, r.devices, r.commands,
-			r.agentBytes, r.agentWrites, brokerCell(r), mib(r.storeBytes), mib(r.storeUsed), float64(r.storeUsed)/float64(r.commands+20*r.devices),
+		devCell := ""
+		if r.deviceBytes >= 0 {
+			devCell = fmt.Sprintf("%.0f", r.deviceBytes)
+		}
+		fmt.Fprintf(fh, "| %s | %d | %d | %.0f | %.2f | %s | %s | %s | %s (%.0f B) | %s | %s | %.0f | %s |\n", r.broker, r.devices, r.commands,
+			r.agentBytes, r.agentWrites, brokerCell(r), devCell, mib(r.storeBytes), mib(r.storeUsed), float64(r.storeUsed)/float64(r.commands+20*r.devices),
 			mib(r.compacted), embeddedCell(r), r.perSec, idleCell)
 	}
 	return nil
@@ -164,8 +210,8 @@ func embeddedCell(r footprintRow) string {
 // sends it total commands (n closed-loop controllers, one command in flight
 // each), counting the agent's writes from after a warm-up of 20 commands
 // per device.
-func footprint(bins, dir, kind string, n, total int, idle time.Duration) (footprintRow, error) {
-	r := footprintRow{broker: kind, devices: n}
+func footprint(bins, dir, kind string, n, total int, idle time.Duration, ownDevice bool) (footprintRow, error) {
+	r := footprintRow{broker: kind, devices: n, deviceBytes: -1}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, err
 	}
@@ -256,11 +302,24 @@ func footprint(bins, dir, kind string, n, total int, idle time.Duration) (footpr
 			return r, err
 		}
 	}
+	var d0 int64
+	if ownDevice {
+		if d0, err = deviceWritten(dir); err != nil {
+			return r, err
+		}
+	}
 	start := time.Now()
 	if err := drive(brokerURL, n, total, "run"); err != nil {
 		return r, err
 	}
 	r.took = time.Since(start)
+	if ownDevice {
+		d1, err := deviceWritten(dir)
+		if err != nil {
+			return r, err
+		}
+		r.deviceBytes = float64(d1-d0) / float64(total)
+	}
 	w1, c1, err := procIO(agent.Process.Pid)
 	if err != nil {
 		return r, err
@@ -284,12 +343,25 @@ func footprint(bins, dir, kind string, n, total int, idle time.Duration) (footpr
 		if err != nil {
 			return r, err
 		}
+		var d0 int64
+		if ownDevice {
+			if d0, err = deviceWritten(dir); err != nil {
+				return r, err
+			}
+		}
 		time.Sleep(idle)
 		i1, _, err := procIO(agent.Process.Pid)
 		if err != nil {
 			return r, err
 		}
 		r.idleBytesPerS = float64(i1-i0) / idle.Seconds()
+		if ownDevice {
+			d1, err := deviceWritten(dir)
+			if err != nil {
+				return r, err
+			}
+			r.idleDevice = float64(d1-d0) / idle.Seconds()
+		}
 	}
 	stopped = true
 	waitOrKill(agent, 30*time.Second)

@@ -65,6 +65,7 @@ func main() {
 	fpBrokers := flag.String("brokers", "mosquitto,embedded", "with -footprint: the brokers to run with (mosquitto, embedded)")
 	fpCommands := flag.Int("commands", 20000, "with -footprint: commands per run, after a warm-up of 20 per device")
 	fpIdle := flag.Duration("idle", 0, "with -footprint: then measure the agent idle for this long, watchdog on (WATCHDOG_USEC=30s)")
+	fpData := flag.String("data-dir", "", "with -footprint: put the agents' data here, on a block device nothing else writes to (a loop mount), and count the bytes that reach it")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -81,7 +82,7 @@ func main() {
 		return
 	}
 	if *fp {
-		if err := runFootprint(*devs, *fpBrokers, *fpCommands, *fpIdle, *out); err != nil {
+		if err := runFootprint(*devs, *fpBrokers, *fpCommands, *fpIdle, *fpData, *out); err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench:", err)
 			os.Exit(1)
 		}
