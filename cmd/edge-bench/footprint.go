@@ -139,7 +139,8 @@ func runFootprint(devList, brokers string, total int, idle time.Duration, dataDi
 			if err != nil || n < 1 {
 				return fmt.Errorf("-devices %q", devList)
 			}
-			r, err := footprint(bins, filepath.Join(runs, fmt.Sprintf("%s-%d", kind, n)), kind, n, total, idle, dataDir != "")
+			name := fmt.Sprintf("%s-%d", kind, n)
+			r, err := footprint(bins, filepath.Join(runs, name), filepath.Join(tmp, name), kind, n, total, idle, dataDir != "")
 			if err != nil {
 				return fmt.Errorf("footprint %s, %d devices: %w", kind, n, err)
 			}
@@ -206,20 +207,24 @@ func embeddedCell(r footprintRow) string {
 	return mib(r.brokerStore)
 }
 
-// footprint runs one agent process on a fresh data dir with n devices and
+// footprint runs one agent process on a fresh data dir (in dir; mosquitto's
+// in brokerDir) with n devices and
 // sends it total commands (n closed-loop controllers, one command in flight
 // each), counting the agent's writes from after a warm-up of 20 commands
 // per device.
-func footprint(bins, dir, kind string, n, total int, idle time.Duration, ownDevice bool) (footprintRow, error) {
+func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Duration, ownDevice bool) (footprintRow, error) {
 	r := footprintRow{broker: kind, devices: n, deviceBytes: -1}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return r, err
+	for _, d := range []string{dir, brokerDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return r, err
+		}
 	}
 	var brokerURL, mqttYAML string
 	var brokerPid int
 	switch kind {
 	case "mosquitto":
-		url, pid, stop, err := startMosquitto(dir)
+		// Its data stays off the measured device.
+		url, pid, stop, err := startMosquitto(brokerDir)
 		if err != nil {
 			return r, err
 		}
