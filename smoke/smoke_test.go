@@ -16,6 +16,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -186,7 +188,18 @@ devices:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	agent := start(t, emu, filepath.Join(bins, "edge-agent"), "run", "--config", cfgPath)
+	// Natively, with strace and systemd-analyze at hand, the agent runs
+	// under strace: every system call it makes must pass the unit's
+	// SystemCallFilter (checked after the stop).
+	var agent *proc
+	trace := ""
+	if sa, st := tools(emu); sa != "" && st != "" {
+		trace = filepath.Join(dir, "strace")
+		agent = start(t, "", st, "-f", "-qq", "-o", trace, "--", filepath.Join(bins, "edge-agent"), "run", "--config", cfgPath)
+	} else {
+		t.Log("not checking the unit's system call filter: needs a native run, strace and systemd-analyze")
+		agent = start(t, emu, filepath.Join(bins, "edge-agent"), "run", "--config", cfgPath)
+	}
 	eventually(t, "/readyz 200", func() bool {
 		resp, err := http.Get("http://" + admin + "/readyz")
 		if err != nil {
@@ -247,8 +260,20 @@ devices:
 		t.Fatalf("device journal: %v, want one write with fence 5", writes)
 	}
 
-	if code := agent.stop(t); code != 0 {
+	// A plugin reload (SIGHUP), then a clean stop.
+	agent.signal(t, syscall.SIGHUP, trace != "")
+	eventually(t, "the plugins reloaded", func() bool { return strings.Contains(agent.out.String(), "policy plugins reloaded") })
+	agent.signal(t, syscall.SIGTERM, trace != "")
+	select {
+	case <-agent.exited:
+	case <-time.After(within):
+		t.Fatal("edge-agent did not stop on SIGTERM")
+	}
+	if code := agent.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("edge-agent exit %d on SIGTERM, want 0", code)
+	}
+	if trace != "" {
+		checkSyscallFilter(t, trace)
 	}
 	out, err = emulated(emu, filepath.Join(bins, "edge-agent"), "inspect", "--data-dir", filepath.Join(dir, "data"), "--json").CombinedOutput()
 	if err != nil {
@@ -274,4 +299,130 @@ func emulated(emulator, bin string, args ...string) *exec.Cmd {
 		return exec.Command(bin, args...)
 	}
 	return exec.Command(emulator, append([]string{bin}, args...)...)
+}
+
+// tools returns systemd-analyze and strace when the run is native and
+// both are installed.
+func tools(emulator string) (systemdAnalyze, strace string) {
+	if emulator != "" {
+		return "", ""
+	}
+	sa, err1 := exec.LookPath("systemd-analyze")
+	st, err2 := exec.LookPath("strace")
+	if err1 != nil || err2 != nil {
+		return "", ""
+	}
+	return sa, st
+}
+
+// signal sends sig to the process, or, when it is strace, to the program
+// strace runs (its child: strace does not pass signals on).
+func (p *proc) signal(t *testing.T, sig syscall.Signal, traced bool) {
+	t.Helper()
+	pid := p.cmd.Process.Pid
+	if traced {
+		var child int
+		eventually(t, "strace's child", func() bool {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+			if err != nil {
+				return false
+			}
+			f := strings.Fields(string(b))
+			if len(f) == 0 {
+				return false
+			}
+			_, err = fmt.Sscan(f[0], &child)
+			return err == nil
+		})
+		pid = child
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var traceLine = regexp.MustCompile(`^\d+\s+(?:<\.\.\. )?([a-z0-9_]+)(?:\(| resumed)`)
+
+// checkSyscallFilter checks every system call in an strace log against
+// configs/edge-agent.service's SystemCallFilter= lines, expanded by
+// systemd-analyze syscall-filter: the first line is the allow list, each
+// later "~" line takes its groups out of it (systemd.exec(5)).
+func checkSyscallFilter(t *testing.T, trace string) {
+	t.Helper()
+	used := map[string]bool{}
+	b, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := traceLine.FindStringSubmatch(l); m != nil {
+			used[m[1]] = true
+		}
+	}
+	if len(used) < 20 {
+		t.Fatalf("only %d system calls in %s: not a trace of the agent", len(used), trace)
+	}
+	unit, err := os.ReadFile("../configs/edge-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowed map[string]bool
+	for _, l := range strings.Split(string(unit), "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(l), "SystemCallFilter=")
+		if !ok {
+			continue
+		}
+		deny := strings.HasPrefix(v, "~")
+		set := map[string]bool{}
+		for _, g := range strings.Fields(strings.TrimPrefix(v, "~")) {
+			expandFilter(t, g, set)
+		}
+		switch {
+		case allowed == nil && !deny:
+			allowed = set
+		case deny:
+			for c := range set {
+				delete(allowed, c)
+			}
+		default:
+			for c := range set {
+				allowed[c] = true
+			}
+		}
+	}
+	if allowed == nil {
+		t.Fatal("the unit has no SystemCallFilter allow list")
+	}
+	var denied []string
+	for c := range used {
+		if !allowed[c] {
+			denied = append(denied, c)
+		}
+	}
+	sort.Strings(denied)
+	t.Logf("%d distinct system calls in the trace", len(used))
+	if len(denied) > 0 {
+		t.Fatalf("the agent made system calls the unit's SystemCallFilter denies (EPERM under systemd): %v", denied)
+	}
+}
+
+// expandFilter adds a system call, or a @group with its subgroups, to set.
+func expandFilter(t *testing.T, name string, set map[string]bool) {
+	t.Helper()
+	if !strings.HasPrefix(name, "@") {
+		set[name] = true
+		return
+	}
+	out, err := exec.Command("systemd-analyze", "syscall-filter", name).Output()
+	if err != nil {
+		t.Fatalf("systemd-analyze syscall-filter %s: %v", name, err)
+	}
+	lines := strings.Split(string(out), "\n")
+	for _, l := range lines[1:] { // the first line is the group's name
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		expandFilter(t, l, set)
+	}
 }
