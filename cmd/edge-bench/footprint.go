@@ -46,6 +46,7 @@ type footprintRow struct {
 	idleBytesPerS float64 // -idle: write_bytes per second of an idle agent with the watchdog on
 	deviceBytes   float64 // -data-dir: bytes written to its block device per command; <0: not measured
 	idleDevice    float64 // -data-dir and -idle: bytes per second written to it while idle
+	peakRSS       int64   // the agent's VmHWM at the end, bytes
 }
 
 // procIO reads write_bytes and syscw of a process from /proc/PID/io.
@@ -90,6 +91,21 @@ func deviceWritten(dir string) (int64, error) {
 	}
 	sectors, err := strconv.ParseInt(f[6], 10, 64)
 	return sectors * 512, err
+}
+
+// peakRSS reads a process's peak resident set (VmHWM) from /proc/PID/status.
+func peakRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }
 
 // dirSize is the total size of the regular files under dir.
@@ -153,6 +169,7 @@ func runFootprint(devList, brokers string, total int, idle time.Duration, dataDi
 			if idle > 0 {
 				fmt.Printf("   idle %.0f B/s (device %.0f B/s)", r.idleBytesPerS, r.idleDevice)
 			}
+			fmt.Printf("   peak RSS %s", mib(r.peakRSS))
 			fmt.Println()
 		}
 	}
@@ -170,8 +187,8 @@ func runFootprint(devList, brokers string, total int, idle time.Duration, dataDi
 	}
 	fmt.Fprintf(fh, "\nFootprint, `go run ./cmd/edge-bench -footprint -brokers %s -devices %s -commands %d -idle %s%s`, %s:\n\n",
 		brokers, devList, total, idle, dd, time.Now().UTC().Format("2006-01-02"))
-	fmt.Fprintln(fh, "| broker | devices | commands | agent write_bytes per command | agent write calls per command | mosquitto write_bytes per command | data dir's device, bytes per command | agent.db file | in use (per command) | compacted | embedded broker's files | cmds/s | idle agent, watchdog on |")
-	fmt.Fprintln(fh, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(fh, "| broker | devices | commands | agent write_bytes per command | agent write calls per command | mosquitto write_bytes per command | data dir's device, bytes per command | agent.db file | in use (per command) | compacted | embedded broker's files | cmds/s | idle agent, watchdog on | agent peak RSS |")
+	fmt.Fprintln(fh, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		idleCell := ""
 		if idle > 0 {
@@ -184,9 +201,9 @@ func runFootprint(devList, brokers string, total int, idle time.Duration, dataDi
 		if r.deviceBytes >= 0 {
 			devCell = fmt.Sprintf("%.0f", r.deviceBytes)
 		}
-		fmt.Fprintf(fh, "| %s | %d | %d | %.0f | %.2f | %s | %s | %s | %s (%.0f B) | %s | %s | %.0f | %s |\n", r.broker, r.devices, r.commands,
+		fmt.Fprintf(fh, "| %s | %d | %d | %.0f | %.2f | %s | %s | %s | %s (%.0f B) | %s | %s | %.0f | %s | %s |\n", r.broker, r.devices, r.commands,
 			r.agentBytes, r.agentWrites, brokerCell(r), devCell, mib(r.storeBytes), mib(r.storeUsed), float64(r.storeUsed)/float64(r.commands+20*r.devices),
-			mib(r.compacted), embeddedCell(r), r.perSec, idleCell)
+			mib(r.compacted), embeddedCell(r), r.perSec, idleCell, mib(r.peakRSS))
 	}
 	return nil
 }
@@ -367,6 +384,9 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 			}
 			r.idleDevice = float64(d1-d0) / idle.Seconds()
 		}
+	}
+	if r.peakRSS, err = peakRSS(agent.Process.Pid); err != nil {
+		return r, err
 	}
 	stopped = true
 	waitOrKill(agent, 30*time.Second)
