@@ -14,7 +14,7 @@ import (
 // configuration's fixed loopback ports are free), an upgrade that keeps an
 // administrator's edit of the conffile, remove, purge. It needs root, a
 // root file system made by `debootstrap --variant=minbase
-// --include=adduser bookworm DIR` named by EDGE_DEB_CHROOT, unshare, ip and
+// --include=adduser,procps bookworm DIR` named by EDGE_DEB_CHROOT, unshare, ip and
 // curl; `make deb-check` prepares it. Skipped otherwise.
 func TestDebLifecycleInAChroot(t *testing.T) {
 	root := os.Getenv("EDGE_DEB_CHROOT")

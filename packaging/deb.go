@@ -129,7 +129,7 @@ func buildDeb(o debOptions) (string, error) {
 			"what passes to the device firmware over HTTP. Runs as a hardened systemd\n" +
 			"service; includes edgectl and the firmware simulator.",
 		Overridables: nfpm.Overridables{
-			Depends:  []string{"adduser"},
+			Depends:  []string{"adduser", "procps"}, // procps: /bin/kill, the unit's ExecReload
 			Suggests: []string{"mosquitto"},
 			Contents: contents,
 			Scripts:  sc,

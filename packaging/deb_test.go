@@ -118,7 +118,7 @@ func TestDebLayout(t *testing.T) {
 
 	// Control fields.
 	for field, want := range map[string]string{
-		"Package": "edge-agent", "Version": "9.8.7~rc1-1", "Architecture": arch, "Depends": "adduser",
+		"Package": "edge-agent", "Version": "9.8.7~rc1-1", "Architecture": arch, "Depends": "adduser, procps",
 	} {
 		if got := strings.TrimSpace(run(t, "", nil, "dpkg-deb", "-f", deb, field)); got != want {
 			t.Errorf("%s: %q, want %q", field, got, want)
