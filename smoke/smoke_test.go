@@ -274,6 +274,7 @@ devices:
 	}
 	if trace != "" {
 		checkSyscallFilter(t, trace)
+		checkAddressFamilies(t, trace)
 	}
 	out, err = emulated(emu, filepath.Join(bins, "edge-agent"), "inspect", "--data-dir", filepath.Join(dir, "data"), "--json").CombinedOutput()
 	if err != nil {
@@ -424,5 +425,45 @@ func expandFilter(t *testing.T, name string, set map[string]bool) {
 			continue
 		}
 		expandFilter(t, l, set)
+	}
+}
+
+var socketCall = regexp.MustCompile(`\bsocket\((AF_[A-Z0-9]+)`)
+
+// checkAddressFamilies checks the sockets in an strace log against the
+// unit's RestrictAddressFamilies= (a socket of another family fails with
+// EAFNOSUPPORT under systemd).
+func checkAddressFamilies(t *testing.T, trace string) {
+	t.Helper()
+	b, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit, err := os.ReadFile("../configs/edge-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{}
+	for _, l := range strings.Split(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "RestrictAddressFamilies="); ok {
+			for _, f := range strings.Fields(v) {
+				allowed[f] = true
+			}
+		}
+	}
+	if len(allowed) == 0 {
+		t.Fatal("the unit has no RestrictAddressFamilies=")
+	}
+	used := map[string]bool{}
+	for _, m := range socketCall.FindAllStringSubmatch(string(b), -1) {
+		used[m[1]] = true
+	}
+	if len(used) == 0 {
+		t.Fatal("no socket() in the trace")
+	}
+	for f := range used {
+		if !allowed[f] {
+			t.Errorf("the agent opened an %s socket; the unit allows only %v", f, allowed)
+		}
 	}
 }
