@@ -1,6 +1,7 @@
 // Command firmware-sim is the simulated device firmware of docs/protocol.md §2.
 //
 //	firmware-sim [--listen 127.0.0.1:8081] [--modbus 127.0.0.1:5020] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve[:UNIT]
+//	firmware-sim --version
 //
 // It serves until SIGINT or SIGTERM. Exit status: 0 on a clean stop, 2 on a
 // usage error, 1 otherwise.
@@ -14,12 +15,23 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+)
+
+// Version, Commit and Date are set at build time by the Makefile (-ldflags
+// -X main.Version=...); --version prints them in the form of
+// internal/buildinfo.Line (written out here: the simulator stands for the
+// hardware and imports nothing of the agent).
+var (
+	Version = "0.1.0-dev"
+	Commit  = ""
+	Date    = ""
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -31,11 +43,23 @@ func run(args []string) int {
 	devices := fs.String("devices", "", "the simulated devices, ID:TYPE[:UNIT],... (TYPE: pump, valve, relay, generic; UNIT: Modbus unit ID 1..255, default the next free one)")
 	modbusAddr := fs.String("modbus", "", "also serve the devices over Modbus TCP on this address (e.g. 127.0.0.1:5020); \"\": not at all")
 	logLevel := fs.String("log-level", "info", "debug, info (one line per applied write), warn or error")
+	version := fs.Bool("version", false, "print the version, commit, build date, Go version and OS/arch, and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *version {
+		commit, date := Commit, Date
+		if commit == "" {
+			commit = "unknown"
+		}
+		if date == "" {
+			date = "unknown"
+		}
+		fmt.Printf("firmware-sim %s (commit %s, built %s) %s %s/%s\n", Version, commit, date, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return 0
 	}
 	devs, units, err := parseDevices(*devices)
 	if err != nil {

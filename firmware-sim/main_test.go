@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -244,5 +245,17 @@ func TestModbusFlag(t *testing.T) {
 	}
 	if v, err := c.ReadRegister(0, modbus.HOLDING_REGISTER); err != nil || v != 55 {
 		t.Fatalf("valve register 0 = %d, %v", v, err)
+	}
+}
+
+// --version prints version, commit, build date, Go version and OS/arch and
+// exits 0 without needing --devices.
+func TestVersionFlag(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "--version")
+	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	want := "firmware-sim " + Version + " (commit unknown, built unknown) " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
+	if err != nil || string(out) != want {
+		t.Fatalf("%v: %q, want %q", err, out, want)
 	}
 }

@@ -1,6 +1,6 @@
-// Command edge-agent is the fencing gateway: `run`, `inspect`, `policy
-// test`, `fence reset`, `version` (docs/protocol.md §4). main is wiring
-// only.
+// Command edge-agent is the fencing gateway: `run`, `inspect`, `compact`,
+// `policy test`, `fence reset`, `config check`, `version` (docs/protocol.md
+// §4). main is wiring only.
 package main
 
 import (
@@ -9,10 +9,21 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edge-agent/edge-agent/internal/buildinfo"
 )
 
-// Version is set at build time (-ldflags "-X main.Version=...").
-var Version = "0.1.0-dev"
+// Version, Commit and Date are set at build time by the Makefile
+// (-ldflags "-X main.Version=... -X main.Commit=... -X main.Date=...");
+// `edge-agent version` prints them (internal/buildinfo).
+var (
+	Version = "0.1.0-dev"
+	Commit  = ""
+	Date    = ""
+)
+
+// versionLine is the answer to `version` and `--version`.
+func versionLine() string { return buildinfo.Line("edge-agent", Version, Commit, Date) }
 
 // exitError carries an exit status: 2 for configuration errors, 1 otherwise.
 type exitError struct {
@@ -31,16 +42,18 @@ func main() {
 		Short:         "Fencing gateway between upstream controllers and device firmware",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       Version,
 	}
+	root.SetVersionTemplate(versionLine() + "\n")
 	// Usage errors (an unknown flag or command, stray arguments) exit 2.
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.Args = usageArgs(cobra.NoArgs) // an unknown command
 	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
-	root.AddCommand(runCmd(), inspectCmd(), policyCmd(), fenceCmd(), configCmd(), &cobra.Command{
+	root.AddCommand(runCmd(), inspectCmd(), compactCmd(), policyCmd(), fenceCmd(), configCmd(), &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
+		Short: "Print the version, commit, build date, Go version and OS/arch (also --version)",
 		Args:  usageArgs(cobra.NoArgs),
-		Run:   func(*cobra.Command, []string) { fmt.Println("edge-agent", Version) },
+		Run:   func(*cobra.Command, []string) { fmt.Println(versionLine()) },
 	})
 	err := root.Execute()
 	if err == nil {

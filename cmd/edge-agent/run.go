@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/spf13/cobra"
 
 	"github.com/edge-agent/edge-agent/configs"
@@ -60,13 +61,19 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a := app.New(cfg, app.Options{Logger: log, Version: Version})
+	sd := newNotifier(log)
+	a := app.New(cfg, app.Options{Logger: log, Version: Version, MQTTGrace: sd.mqttGrace()})
 	if err := a.Start(ctx); err != nil {
 		if errors.Is(err, app.ErrConfig) {
 			return configErr(err)
 		}
 		return err
 	}
+	// READY=1 and the watchdog pings; they go on while the agent drains
+	// (systemd's watchdog stays armed while a unit stops) and end with it.
+	sdCtx, sdStop := context.WithCancel(context.Background())
+	defer sdStop()
+	go sd.run(sdCtx, a)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -93,6 +100,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 			log.Error("stopping after a fatal error", "err", a.Err())
 			os.Exit(1)
 		case <-ctx.Done():
+			sd.send(daemon.SdNotifyStopping)
 			log.Info("draining", "shutdown_timeout", cfg.ShutdownTimeout.D().String())
 			dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout.D())
 			defer cancel()

@@ -13,6 +13,12 @@
 // (modbus.go). A further target, agent-signed, is edge-agent requiring
 // signed commands (docs/protocol.md §6), the controllers signing each one,
 // to compare with the unsigned run.
+//
+// With -footprint it measures the disk instead (footprint.go): bytes the
+// agent process writes per command (/proc/PID/io write_bytes), with
+// mosquitto or the embedded broker, and the store file's size after
+// -commands commands with the default retention; -idle adds an idle stretch
+// with systemd's watchdog on (its store probe's writes).
 package main
 
 import (
@@ -68,6 +74,11 @@ func main() {
 	})
 	browser := flag.String("browser", "auto", "the status-page run: auto (an installed Chromium, else page), a Chromium path, page (the page's requests from Go, no browser), off")
 	browserRounds := flag.Int("browser-rounds", 3, "rounds of the agent without and with a browser open (alternating)")
+	fp := flag.Bool("footprint", false, "measure bytes written per command and the store's size instead of speed (footprint.go)")
+	fpBrokers := flag.String("brokers", "mosquitto,embedded", "with -footprint: the brokers to run with (mosquitto, embedded)")
+	fpCommands := flag.Int("commands", 20000, "with -footprint: commands per run, after a warm-up of 20 per device")
+	fpIdle := flag.Duration("idle", 0, "with -footprint: then measure the agent idle for this long, watchdog on (WATCHDOG_USEC=30s)")
+	fpData := flag.String("data-dir", "", "with -footprint: put the agents' data here, on a block device nothing else writes to (a loop mount), and count the bytes that reach it")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -92,6 +103,13 @@ func main() {
 	}
 	if *fpPlugins { // plugins_footprint.go
 		if err := runFootprintPlugins(); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *fp { // footprint.go
+		if err := runFootprint(*devs, *fpBrokers, *fpCommands, *fpIdle, *fpData, *out); err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench:", err)
 			os.Exit(1)
 		}

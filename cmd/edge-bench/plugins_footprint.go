@@ -147,13 +147,13 @@ func runFootprintPlugins() error {
 			fmt.Printf("%-17s %-5s %9s %9s %8.1f %8.1f %8.1f %8.1f %9.0f %8.1fM %.1fM\n", v.name, start,
 				r.healthz.Round(time.Millisecond), r.readyz.Round(time.Millisecond),
 				float64(r.hwm)/1024, float64(r.rss)/1024, float64(r.anon)/1024, float64(r.code)/1024, r.cmdsPerSec,
-				float64(dirSize(filepath.Join(dir, "data", "wazero-cache")))/(1<<20), float64(size)/(1<<20))
+				float64(treeSize(filepath.Join(dir, "data", "wazero-cache")))/(1<<20), float64(size)/(1<<20))
 			if start == "cold" && len(r.states) > 0 {
 				fmt.Printf("%-17s       /readyz said: %s\n", "", strings.Join(r.states, " | "))
 			}
 			rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | **%.1f** | %.1f | %.1f | %.1f | %.0f | %.1f MiB |", v.name, start,
 				r.healthz.Round(time.Millisecond), r.readyz.Round(time.Millisecond), float64(r.hwm)/1024, float64(r.rss)/1024,
-				float64(r.anon)/1024, float64(r.code)/1024, r.cmdsPerSec, float64(dirSize(filepath.Join(dir, "data", "wazero-cache")))/(1<<20)))
+				float64(r.anon)/1024, float64(r.code)/1024, r.cmdsPerSec, float64(treeSize(filepath.Join(dir, "data", "wazero-cache")))/(1<<20)))
 		}
 	}
 	if f := flag.Lookup("out"); f != nil && f.Value.String() != "" {
@@ -390,7 +390,7 @@ func nativeCode(pid int) int64 {
 	return total
 }
 
-func dirSize(dir string) int64 {
+func treeSize(dir string) int64 {
 	var n int64
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -20,23 +18,6 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
-
-// Version is set at build time (-ldflags "-X main.Version=...").
-var Version = "0.1.0-dev"
-
-// versionLine is what --version prints: the version, the commit the
-// binary was built from (when Go recorded it), the Go version, OS/arch.
-func versionLine() string {
-	commit := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				commit = s.Value
-			}
-		}
-	}
-	return fmt.Sprintf("%s (commit %s, %s, %s/%s)", Version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
-}
 
 func keygenCmd() *cobra.Command {
 	var out string

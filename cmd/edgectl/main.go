@@ -16,6 +16,16 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edge-agent/edge-agent/internal/buildinfo"
+)
+
+// Version, Commit and Date are set at build time by the Makefile (-ldflags
+// -X main.Version=...); `edgectl --version` prints them.
+var (
+	Version = "0.1.0-dev"
+	Commit  = ""
+	Date    = ""
 )
 
 // usageError marks an error as the user's (exit status 2).
@@ -40,11 +50,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root := &cobra.Command{
 		Use:           "edgectl",
 		Short:         "Send fenced commands to edge-agent devices and watch them",
-		Version:       versionLine(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       Version,
 	}
-	root.SetVersionTemplate("edgectl {{.Version}}\n")
+	root.SetVersionTemplate(buildinfo.Line("edgectl", Version, Commit, Date) + "\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -253,4 +254,14 @@ func (w *lockedWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.String()
+}
+
+// --version prints version, commit, build date, Go version and OS/arch.
+func TestVersionFlag(t *testing.T) {
+	code, out, errb := runCLI("--version")
+	want := "edgectl " + Version + " (commit "
+	platform := " " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
+	if code != 0 || !strings.HasPrefix(out, want) || !strings.HasSuffix(out, platform) {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want %q...%q", code, out, errb, want, platform)
+	}
 }

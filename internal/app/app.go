@@ -37,6 +37,9 @@ var ErrConfig = config.ErrInvalid
 type Options struct {
 	Logger  *slog.Logger
 	Version string
+	// MQTTGrace is how long Live tolerates a lost MQTT connection. Zero
+	// means DefaultMQTTGrace.
+	MQTTGrace time.Duration
 }
 
 // App is one running agent process.
@@ -63,6 +66,7 @@ type App struct {
 	// plugin watcher); Stop waits for them. stopWatch ends the watcher.
 	wg        sync.WaitGroup
 	stopWatch context.CancelFunc
+	live      liveness
 }
 
 // New validates the wiring; it does no I/O.
@@ -72,6 +76,9 @@ func New(cfg *config.Config, o Options) *App {
 	}
 	if o.Version == "" {
 		o.Version = "dev"
+	}
+	if o.MQTTGrace == 0 {
+		o.MQTTGrace = DefaultMQTTGrace
 	}
 	a := &App{cfg: cfg, o: o, log: o.Logger, mqttErr: make(chan error, 1)}
 	a.boot.set("not started")

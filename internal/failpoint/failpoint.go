@@ -12,14 +12,15 @@
 //
 //	crash        SIGKILL this process at the point
 //	error        the point's operation fails (Err returns an error)
+//	stall        the point never returns (a disk that stopped answering)
 //	sleep(D)     the point waits D (a Go duration), e.g. a slow fsync
 //
 // optionally followed by @N (only the Nth hit of the point) or %P (each hit
 // with probability P, 0 < P <= 1, from a generator seeded by
 // EDGE_AGENT_FAILPOINTS_SEED, default 1). With :OP_ID the point is armed
-// for that operation only. The older variables EDGE_AGENT_CRASH=POINT[:OP]
-// and EDGE_AGENT_FAULT_FAIL_COMMIT=N mean POINT[:OP]=crash and
-// commit=error@N.
+// for that operation only. The older variables EDGE_AGENT_CRASH=POINT[:OP],
+// EDGE_AGENT_FAULT_FAIL_COMMIT=N and EDGE_AGENT_FAULT_STALL_COMMIT=N mean
+// POINT[:OP]=crash, commit=error@N and commit=stall@N.
 package failpoint
 
 // The points. docs/testing.md describes each.

@@ -59,6 +59,9 @@ func load() {
 		if v := os.Getenv("EDGE_AGENT_FAULT_FAIL_COMMIT"); v != "" {
 			spec += ";" + Commit + "=error@" + v
 		}
+		if v := os.Getenv("EDGE_AGENT_FAULT_STALL_COMMIT"); v != "" {
+			spec += ";" + Commit + "=stall@" + v
+		}
 		if err := parse(spec); err != nil {
 			state.err = err
 		}
@@ -157,7 +160,7 @@ func parse(spec string) error {
 			rhs = rhs[:i]
 		}
 		switch {
-		case rhs == "crash", rhs == "error":
+		case rhs == "crash", rhs == "error", rhs == "stall":
 			a.kind = rhs
 		case strings.HasPrefix(rhs, "sleep(") && strings.HasSuffix(rhs, ")"):
 			d, err := time.ParseDuration(rhs[len("sleep(") : len(rhs)-1])
@@ -166,7 +169,7 @@ func parse(spec string) error {
 			}
 			a.kind, a.sleep = "sleep", d
 		default:
-			return fmt.Errorf("failpoint: %q: unknown action %q (crash, error, sleep(D))", item, rhs)
+			return fmt.Errorf("failpoint: %q: unknown action %q (crash, error, stall, sleep(D))", item, rhs)
 		}
 		state.mu.Lock()
 		state.points[point] = append(state.points[point], a)
@@ -223,8 +226,17 @@ func Hit(point, op string) {
 			select {} // never returns
 		case "sleep":
 			time.Sleep(a.sleep)
+		case "stall":
+			stall(point)
 		}
 	}
+}
+
+// stall blocks for good: a disk that stopped answering (the step never
+// returns; the process lives on).
+func stall(point string) {
+	fmt.Fprintf(os.Stderr, "failpoint: %s stalled for good\n", point)
+	select {}
 }
 
 // Err runs point's actions (sleep and crash too) and returns an error when
@@ -248,6 +260,8 @@ func Err(point string) error {
 			select {}
 		case "sleep":
 			time.Sleep(a.sleep)
+		case "stall":
+			stall(point)
 		}
 	}
 	return nil
