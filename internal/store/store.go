@@ -229,6 +229,15 @@ func (s *Store) Commits() uint64 {
 // commit (for tests that must see an update wait behind a slow commit).
 func (s *Store) Waiting() int { return len(s.reqs) }
 
+// Quiet reports whether nothing waits for a commit: no update enqueued and
+// none queued by Later (for tests that must see that something caused no
+// commit at all).
+func (s *Store) Quiet() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.reqs) == 0 && len(s.later) == 0
+}
+
 // Path returns the file's path.
 func (s *Store) Path() string { return s.db.Path() }
 
