@@ -27,8 +27,13 @@ type sseEvent struct {
 // to the returned channel (a slow test drops none: the buffer is large).
 func streamEvents(t *testing.T, base string) <-chan sseEvent {
 	t.Helper()
+	return streamEventsAt(t, base+"/v1/events")
+}
+
+func streamEventsAt(t *testing.T, url string) <-chan sseEvent {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -245,5 +250,48 @@ func TestOperatorViews(t *testing.T) {
 	}
 	if len(stats.Points) != 120 || n < 7 {
 		t.Fatalf("stats: %d points, %d commands (want 120 points, >= 7 commands)", len(stats.Points), n)
+	}
+}
+
+// GET /v1/events?max_rate=N (an extension, for the status page under
+// load): at most N events a second, bursts of N, and every event it
+// skipped counted in an "skipped" event, so a client can tell a sample
+// from the whole. 200 commands: every Result is either sent or counted.
+func TestEventsMaxRate(t *testing.T) {
+	e := newEnv(t, pump("p"))
+	e.start()
+	base := "http://" + e.app.AdminAddr()
+	if code := getJSON(t, base+"/v1/events?max_rate=0", nil); code != http.StatusBadRequest {
+		t.Fatalf("max_rate=0: %d, want 400", code)
+	}
+	events := streamEventsAt(t, base+"/v1/events?max_rate=5")
+	start := time.Now()
+	const n = 200
+	for i := range n {
+		e.send("p", cmd(fmt.Sprintf("r-%d", i), 7, "set", fmt.Sprintf(`{"rpm":%d}`, i)))
+	}
+	want(t, e.final(fmt.Sprintf("r-%d", n-1)), wire.StatusApplied, wire.CodeOK)
+	var sent, skipped int
+	deadline := time.After(30 * time.Second)
+	for sent+skipped < n {
+		select {
+		case ev := <-events:
+			switch ev.kind {
+			case "result":
+				sent++
+			case "skipped":
+				var k map[string]int
+				if err := json.Unmarshal([]byte(ev.data), &k); err != nil {
+					t.Fatalf("skipped event %q: %v", ev.data, err)
+				}
+				skipped += k["result"]
+			}
+		case <-deadline:
+			t.Fatalf("%d Results sent and %d counted as skipped, want %d in all", sent, skipped, n)
+		}
+	}
+	// The bucket: 5 at once, then 5 a second (states share it).
+	if limit := 5 + 5*time.Since(start).Seconds(); float64(sent) > limit || skipped == 0 {
+		t.Fatalf("%d Results sent in %s (at most %.0f), %d skipped", sent, time.Since(start), limit, skipped)
 	}
 }

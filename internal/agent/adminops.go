@@ -230,6 +230,18 @@ const (
 // serveEvents streams GET /v1/events until the client goes, falls behind
 // (dropped by the hub), stalls a write, or the agent stops.
 func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
+	// Extension: ?max_rate=N sends at most N events a second (bursts of
+	// N), and says how many it skipped (an event "skipped"): a status page
+	// under load shows a sample and costs its browser little.
+	var lim *rateLimit
+	if v := r.URL.Query().Get("max_rate"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100000 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("max_rate %q: want events per second, 1..100000", v)})
+			return
+		}
+		lim = &rateLimit{rate: float64(n), tokens: float64(n), last: time.Now()}
+	}
 	s := a.ev.subscribe()
 	if s == nil {
 		httpErr(w, fmt.Errorf("%w: %d event streams are open already", ErrTooMany, MaxEventClients))
@@ -243,7 +255,20 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	var buf bytes.Buffer
+	skipped := map[string]int{}
+	write := func(e event) {
+		if lim != nil && !lim.take(time.Now()) {
+			skipped[e.kind]++
+			return
+		}
+		writeEvent(&buf, e)
+	}
 	send := func() bool {
+		if len(skipped) > 0 {
+			b, _ := json.Marshal(skipped)
+			writeEvent(&buf, event{kind: "skipped", data: b})
+			clear(skipped)
+		}
 		rc.SetWriteDeadline(time.Now().Add(eventWriteTimeout))
 		_, err := w.Write(buf.Bytes())
 		buf.Reset()
@@ -270,7 +295,7 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 			buf.WriteString(": ping\n\n")
 		case e := <-events:
 			// The first of a batch: sleep, then take what came meanwhile.
-			writeEvent(&buf, e)
+			write(e)
 			events = nil
 			batch.Reset(eventBatch)
 			continue
@@ -279,7 +304,7 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 			for drained := false; !drained; {
 				select {
 				case e := <-s.ch:
-					writeEvent(&buf, e)
+					write(e)
 					if buf.Len() >= 64<<10 && !send() {
 						return
 					}
@@ -288,10 +313,26 @@ func (a *Agent) serveEvents(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
-		if buf.Len() > 0 && !send() {
+		if (buf.Len() > 0 || len(skipped) > 0) && !send() {
 			return
 		}
 	}
+}
+
+// rateLimit is a token bucket: rate tokens a second, at most rate at once.
+type rateLimit struct {
+	rate, tokens float64
+	last         time.Time
+}
+
+func (l *rateLimit) take(now time.Time) bool {
+	l.tokens = min(l.rate, l.tokens+now.Sub(l.last).Seconds()*l.rate)
+	l.last = now
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
 }
 
 // writeEvent writes one SSE event; a payload with line breaks (a device's
