@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/failpoint"
+	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -241,6 +242,10 @@ func clip(s string, n int) string {
 func (a *Agent) ackLoop() {
 	defer a.wg.Done()
 	for ar := range a.acks {
+		if mutant.AckBeforeCommit && ar.d.Ack != nil { // a deliberate bug, only in the mutant_ack_early build
+			ar.d.Ack()
+			ar.d.Ack = nil
+		}
 		if ar.done != nil {
 			if err := <-ar.done; err != nil {
 				if errors.Is(err, context.Canceled) && a.ctx.Err() != nil {

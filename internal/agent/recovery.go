@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -64,7 +65,11 @@ func (a *Agent) recover(ctx context.Context) error {
 			if ok && o.InboxSeq == e.Seq {
 				st = o.Status
 			}
-			entries = append(entries, entry{item{InboxEntry: e}, st})
+			it := item{InboxEntry: e}
+			if mutant.RecoverySkipsPending && st == store.OpPending { // a deliberate bug, only in the mutant_recovery_skip build
+				o.Status, st, it.op = store.OpQueued, store.OpQueued, &o
+			}
+			entries = append(entries, entry{it, st})
 			return nil
 		}); err != nil {
 			return err
