@@ -82,7 +82,7 @@ type ctl struct {
 	stop  atomic.Bool
 	armed atomic.Bool
 	cont  chan struct{} // a SIGCONT arrived
-	n     int // operations invoked
+	n     int           // operations invoked
 }
 
 func (k *ctl) event(e Event) {
