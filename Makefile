@@ -9,7 +9,7 @@ TESTFLAGS ?= -race -count=1 -timeout 15m -tags failpoints
 STATICCHECK_VERSION := v0.8.2
 TOOLS               := $(CURDIR)/.tools
 
-.PHONY: all build demo test bench check fmt vet staticcheck plugins clean
+.PHONY: all build demo test bench chaos chaos-mutants check fmt vet staticcheck plugins clean
 
 all: build
 
@@ -32,6 +32,26 @@ test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoints ./...
 	$(GO) test $(TESTFLAGS) ./...
+
+# The chaos campaign (docs/testing.md, "Chaos campaign"): real processes,
+# a seeded schedule of faults, a history checked by a porcupine model and
+# against the firmware's journal. Exit 1 when it found a violation.
+#   make chaos SEED=42 DURATION=30m            mosquitto with persistence
+#   make chaos SEED=42 DURATION=5m BROKER=embedded
+SEED     ?= 1
+DURATION ?= 5m
+BROKER   ?= mosquitto
+chaos:
+	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
+	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) -broker $(BROKER) $(CHAOSFLAGS)
+
+# Every deliberate bug of internal/mutant, each built into an agent of its
+# own and run against a fixed-seed campaign: prints `caught K/6`, exit 0
+# only when every mutant was caught. (make test runs it too with
+# CHAOS_MUTANTS=1.)
+chaos-mutants:
+	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
+	$(BIN)/edge-chaos mutants -seed $(SEED) -duration 60s -settle 30s $(CHAOSFLAGS)
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
 bench:

@@ -73,8 +73,12 @@ func (c *campaign) inject(f fault) {
 		// A disk that is slow, then the power goes: SIGKILL while
 		// commits are slow, so acknowledgements and Results that raced
 		// ahead of their commits (they must not) would be exposed.
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: fmt.Sprintf("commit=sleep(%dms)%%%.2f", f.N, f.Rate), kind: f.Kind})
-		time.Sleep(f.For)
+		// Twice: slow commits, then SIGKILL.
+		spec := fmt.Sprintf("commit=sleep(%dms)%%%.2f", f.N, f.Rate)
+		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind})
+		time.Sleep(f.For / 2)
+		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind})
+		time.Sleep(f.For / 2)
 		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, kind: f.Kind})
 		end("")
 	case fAgentFailFsync:
