@@ -67,6 +67,8 @@ func clean() *hist {
 		op(6, "a", "r", "a-3", 5, "set", `{"on":false}`).res(8, "r", "a-3", 5, wire.CodeOutcomeUnknown, 5, "", false, 7).
 		applied(9, "r", "a-3", 5, "set", `{"on":false}`).res(20, "r", "a-3", 5, wire.CodeOK, 5, `{"on":false}`, false, 19).
 		res(21, "r", "a-3", 5, wire.CodeOK, 5, `{"on":false}`, true, 19). // a replay
+		// After a crash the outbox publishes what it still holds again, in order.
+		res(22, "r", "a-3", 5, wire.CodeOutcomeUnknown, 5, "", false, 7).res(23, "r", "a-3", 5, wire.CodeOK, 5, `{"on":false}`, false, 19).
 		op(1, "b", "r", "b-1", 3, "toggle", "").res(30, "r", "b-1", 3, wire.CodeStaleFence, 5, "", false, 29)
 }
 
