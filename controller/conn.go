@@ -29,6 +29,13 @@ type ConnOptions struct {
 	ConnectTimeout time.Duration
 	// Username and Password, when the broker needs them.
 	Username, Password string
+	// MaxReconnectInterval caps the pause between reconnect attempts
+	// after the connection was lost (paho doubles it while the broker
+	// stays away, and again each time the connection is lost soon after
+	// the last loss). Zero means 2s. paho's own default, 10 minutes, kept
+	// a controller away from its Results for minutes after a few broker
+	// restarts in a row (found by the chaos campaign, docs/testing.md).
+	MaxReconnectInterval time.Duration
 }
 
 // Conn is a controller's MQTT connection: it publishes commands and
@@ -68,6 +75,9 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 5 * time.Second
 	}
+	if opts.MaxReconnectInterval <= 0 {
+		opts.MaxReconnectInterval = 2 * time.Second
+	}
 	c := &Conn{
 		opts:    opts,
 		reply:   ReplyTopic(opts.Prefix, opts.Gateway, opts.ControllerID),
@@ -84,6 +94,7 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 		SetOrderMatters(false).
 		SetAutoReconnect(true).
 		SetConnectRetry(false).
+		SetMaxReconnectInterval(opts.MaxReconnectInterval).
 		SetConnectTimeout(opts.ConnectTimeout).
 		SetUsername(opts.Username).
 		SetPassword(opts.Password).

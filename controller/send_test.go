@@ -361,3 +361,24 @@ func TestSendOnPublish(t *testing.T) {
 	}
 	mu.Unlock()
 }
+
+// A controller whose broker restarts several times in a row is back within
+// a few seconds of the last restart: paho's reconnect backoff is capped
+// (ConnOptions.MaxReconnectInterval). Uncapped, it doubled with every
+// loss soon after the last one, and the chaos campaign's controllers on
+// the embedded broker (restarted with the agent) stayed away for tens of
+// seconds.
+func TestReconnectAfterRepeatedBrokerRestarts(t *testing.T) {
+	m := mqtttest.StartMosquitto(t)
+	conn := dial(t, m.URL(), "gw-reconnect")
+	for i := 0; i < 6; i++ {
+		m.Restart()
+		testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
+	}
+	m.Restart()
+	start := time.Now()
+	testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("after the 7th broker restart in a row the controller took %v to reconnect (the cap is 2s)", took)
+	}
+}

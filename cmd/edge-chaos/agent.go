@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -15,13 +16,14 @@ import (
 // out the schedule's restarts one at a time, each with the failpoints the
 // schedule asks for (EDGE_AGENT_FAILPOINTS; none for a plain restart).
 type agentSup struct {
-	w      *world
-	cfg    string
-	seed   uint64
-	cmds   chan agentCmd
-	quit   chan struct{}
-	done   chan struct{}
-	starts int
+	w       *world
+	cfg     string
+	seed    uint64
+	cmds    chan agentCmd
+	quit    chan struct{}
+	done    chan struct{}
+	starts  atomic.Int64
+	running atomic.Bool // run was started (close waits for it)
 
 	mu   sync.Mutex
 	p    *proc
@@ -48,7 +50,7 @@ func (a *agentSup) proc() *proc {
 }
 
 func (a *agentSup) start(spec string) error {
-	env := []string{"EDGE_AGENT_FAILPOINTS=" + spec, fmt.Sprintf("EDGE_AGENT_FAILPOINTS_SEED=%d", a.seed+uint64(a.starts))}
+	env := []string{"EDGE_AGENT_FAILPOINTS=" + spec, fmt.Sprintf("EDGE_AGENT_FAILPOINTS_SEED=%d", a.seed+uint64(a.starts.Load()))}
 	p, err := startProc("edge-agent", a.w.out, env, a.w.o.agentBin, "run", "--config", a.cfg, "--log-level", "warn")
 	if err != nil {
 		return err
@@ -56,7 +58,7 @@ func (a *agentSup) start(spec string) error {
 	a.mu.Lock()
 	a.p, a.spec = p, spec
 	a.mu.Unlock()
-	a.starts++
+	a.starts.Add(1)
 	detail := "normal"
 	if spec != "" {
 		detail = "EDGE_AGENT_FAILPOINTS=" + spec
@@ -67,6 +69,7 @@ func (a *agentSup) start(spec string) error {
 
 // run supervises until close.
 func (a *agentSup) run() {
+	a.running.Store(true)
 	defer close(a.done)
 	for {
 		p := a.proc()
@@ -119,7 +122,11 @@ func (a *agentSup) close() {
 	default:
 		close(a.quit)
 	}
-	<-a.done
+	if a.running.Load() {
+		<-a.done
+	} else if p := a.proc(); p != nil {
+		p.stop(syscall.SIGTERM, 15*time.Second)
+	}
 }
 
 // ready reports whether the agent's /readyz answers 200.

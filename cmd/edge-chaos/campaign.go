@@ -240,6 +240,7 @@ func (c *campaign) setup() error {
 	if err := w.agent.start(""); err != nil {
 		return err
 	}
+	w.agent.running.Store(true) // before the goroutine: close must wait for it
 	go w.agent.run()
 	if !waitFor(30*time.Second, w.agent.ready) {
 		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().ended(), filepath.Join(w.dir, "procs.log"))
@@ -375,7 +376,7 @@ func (c *campaign) progress(done <-chan struct{}) {
 		}
 		c.injMu.Unlock()
 		c.logf("commands %d, final %d, results %d, faults %d, agent starts %d, resolved by the operator %d",
-			n, final, results, total, c.w.agent.starts, c.resolved.Load())
+			n, final, results, total, c.w.agent.starts.Load(), c.resolved.Load())
 	}
 }
 
