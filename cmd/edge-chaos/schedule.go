@@ -133,7 +133,7 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []DeviceSpec, tt
 					f.Kind = fNetFirmware // the agent reaches the embedded broker in-process
 				}
 			case fNetEtcd:
-				f.Mode = []string{"latency", "cut"}[rng.IntN(2)]
+				f.Mode = []string{"latency", "cut", "slow_close"}[rng.IntN(3)]
 				f.N, f.For = 200+rng.IntN(1300), ms(1000, 5000)
 			case fFwLatency:
 				f.Device, f.N, f.For = dev(), 600+rng.IntN(1900), ms(2000, 6000)
