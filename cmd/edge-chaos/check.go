@@ -407,6 +407,23 @@ func (c *checker) checkModel() {
 		}
 		viz := filepath.Join(c.dir, "porcupine-"+dev+".html")
 		res, window, err := linCheck(spec.Type, ops, c.porTO, viz)
+		if res != porcupine.Illegal {
+			// A direct check's violation on this device: draw the
+			// history up to it too.
+			var last int64
+			for i := range c.res.Violations {
+				if v := &c.res.Violations[i]; v.Dev == dev && v.T > last {
+					last = v.T
+				}
+			}
+			if last > 0 && visualizeUntil(spec.Type, ops, last+int64(time.Second), c.porTO, viz) == nil {
+				for i := range c.res.Violations {
+					if v := &c.res.Violations[i]; v.Dev == dev {
+						v.Msg += " (porcupine's drawing of " + dev + "'s history up to it: " + viz + ")"
+					}
+				}
+			}
+		}
 		switch res {
 		case porcupine.Ok:
 			okN++

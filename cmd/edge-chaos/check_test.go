@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -116,7 +118,8 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := check(&tc.h.h, t.TempDir(), 10*time.Second)
+			dir := t.TempDir()
+			res := check(&tc.h.h, dir, 10*time.Second)
 			got := map[string]bool{}
 			for _, v := range res.Violations {
 				got[v.Check] = true
@@ -132,6 +135,11 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 			for _, v := range res.Violations {
 				if len(v.Window) == 0 {
 					t.Errorf("violation %q has no window of history", v.Msg)
+				}
+				// Every violation comes with porcupine's drawing of its
+				// device's history.
+				if _, err := os.Stat(filepath.Join(dir, "porcupine-"+v.Dev+".html")); err != nil {
+					t.Errorf("violation %q: no visualization: %v", v.Msg, err)
 				}
 			}
 		})

@@ -283,18 +283,7 @@ func linCheck(typ string, ops []porcupine.Operation, timeout time.Duration, vizP
 	if res != porcupine.Illegal {
 		return res, nil, nil
 	}
-	prefix := func(n int) []porcupine.Operation {
-		cut := ops[n-1].Call
-		out := make([]porcupine.Operation, n)
-		for i, o := range ops[:n] {
-			if o.Return > cut {
-				o.Output = opOut{open: true}
-				o.Return = never
-			}
-			out[i] = o
-		}
-		return out
-	}
+	prefix := func(n int) []porcupine.Operation { return prefixOps(ops, n) }
 	lo, hi := 1, len(ops) // prefix(hi) is illegal
 	for lo < hi {
 		mid := (lo + hi) / 2
@@ -311,4 +300,34 @@ func linCheck(typ string, ops []porcupine.Operation, timeout time.Duration, vizP
 	}
 	from := max(0, len(p)-12)
 	return res, p[from:], err
+}
+
+// prefixOps is the history of the first n operations (by invocation), as
+// it stood when the n-th was invoked: responses after that are open. A
+// prefix of a legal history is legal.
+func prefixOps(ops []porcupine.Operation, n int) []porcupine.Operation {
+	cut := ops[n-1].Call
+	out := make([]porcupine.Operation, n)
+	for i, o := range ops[:n] {
+		if o.Return > cut {
+			o.Output = opOut{open: true}
+			o.Return = never
+		}
+		out[i] = o
+	}
+	return out
+}
+
+// visualizeUntil writes porcupine's visualization of the operations
+// invoked up to t (a legal history is drawn with its linearization), for
+// a violation the direct checks found on the device at t.
+func visualizeUntil(typ string, ops []porcupine.Operation, t int64, timeout time.Duration, path string) error {
+	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+	n := sort.Search(len(ops), func(i int) bool { return ops[i].Call > t })
+	if n == 0 {
+		return nil
+	}
+	model := fenceModel(typ)
+	_, info := porcupine.CheckOperationsVerbose(model, prefixOps(ops, n), timeout)
+	return porcupine.VisualizePath(model, info, path)
 }
