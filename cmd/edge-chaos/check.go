@@ -479,4 +479,3 @@ func (c *checker) operation(o *opHist, typ string) porcupine.Operation {
 func (c *checker) line(name, note string) {
 	c.res.Checks = append(c.res.Checks, CheckLine{Name: name, Violations: c.counts[name], Note: note})
 }
-
