@@ -36,7 +36,8 @@ type agentCmd struct {
 	sig  syscall.Signal
 	down time.Duration
 	spec string
-	kind string // the fault it is part of, for the record
+	kind string        // the fault it is part of, for the record
+	up   chan struct{} // closed once the new process started (nil: not waited for)
 }
 
 func newAgentSup(w *world, cfg string, seed uint64) *agentSup {
@@ -87,6 +88,9 @@ func (a *agentSup) run() {
 			if err := a.start(c.spec); err != nil {
 				fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
 				return
+			}
+			if c.up != nil {
+				close(c.up)
 			}
 		case <-p.done:
 			// Ended by itself: a crash point, a failed commit (fail

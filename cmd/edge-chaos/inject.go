@@ -73,12 +73,19 @@ func (c *campaign) inject(f fault) {
 		// A disk that is slow, then the power goes: SIGKILL while
 		// commits are slow, so acknowledgements and Results that raced
 		// ahead of their commits (they must not) would be exposed.
-		// Twice: slow commits, then SIGKILL.
+		// Three times: slow commits, and once the agent is ready and
+		// has been busy with them a while, SIGKILL.
 		spec := fmt.Sprintf("commit=sleep(%dms)%%%.2f", f.N, f.Rate)
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind})
-		time.Sleep(f.For / 2)
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind})
-		time.Sleep(f.For / 2)
+		for i := 0; i < 3; i++ {
+			up := make(chan struct{})
+			w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind, up: up})
+			select {
+			case <-up:
+				waitFor(10*time.Second, w.agent.ready)
+			case <-time.After(20 * time.Second):
+			}
+			time.Sleep(f.For / 3)
+		}
 		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, kind: f.Kind})
 		end("")
 	case fAgentFailFsync:

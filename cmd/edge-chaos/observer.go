@@ -29,6 +29,7 @@ type observer struct {
 type opSeen struct {
 	dev       string
 	final     bool
+	heldNow   bool  // the last Result (not a replay) was unknown
 	unknownAt int64 // first unknown Result, 0: none
 	codes     map[wire.Code]int
 }
@@ -73,20 +74,27 @@ func (o *observer) onMessage(_ paho.Client, m paho.Message) {
 		o.ops[r.OpID] = s
 	}
 	s.codes[r.Code]++
-	if r.Final() {
-		s.final = true
-	} else if s.unknownAt == 0 {
-		s.unknownAt = now
+	switch {
+	case r.Final():
+		s.final, s.heldNow = true, false
+	case !r.Duplicate:
+		// An unknown that is not a replay: the write is held now (even
+		// after a final, which an honest agent never does, but a broken
+		// one must not be left holding its device for it).
+		s.heldNow = true
+		if s.unknownAt == 0 {
+			s.unknownAt = now
+		}
 	}
 }
 
-// held returns the operations seen unknown and not (yet) final on dev.
+// held returns the operations of dev whose last Result was unknown.
 func (o *observer) held(dev string) map[string]int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := map[string]int64{}
 	for id, s := range o.ops {
-		if s.dev == dev && !s.final && s.unknownAt != 0 {
+		if s.dev == dev && s.heldNow {
 			out[id] = s.unknownAt
 		}
 	}

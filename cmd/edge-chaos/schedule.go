@@ -116,7 +116,7 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []DeviceSpec, tt
 				}
 				point++
 			case fAgentSlowFsync:
-				f.N, f.Rate, f.For = 20+rng.IntN(100), 0.3+0.7*rng.Float64(), ms(3000, 8000)
+				f.N, f.Rate, f.For = 10+rng.IntN(50), 0.5+0.5*rng.Float64(), ms(3000, 8000)
 			case fAgentFailFsync:
 				f.N = 5 + rng.IntN(40)
 			case fBrokerRestart:

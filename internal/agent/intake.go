@@ -39,6 +39,10 @@ func (a *Agent) intakeLoop() {
 				return // left unacknowledged: the broker redelivers it
 			}
 			ar := a.admit(d)
+			if mutant.AckBeforeCommit && ar.d.Ack != nil { // a deliberate bug, only in the mutant_ack_early build
+				ar.d.Ack()
+				ar.d.Ack = nil
+			}
 			select {
 			case a.acks <- ar:
 			case <-a.failed:
@@ -242,10 +246,6 @@ func clip(s string, n int) string {
 func (a *Agent) ackLoop() {
 	defer a.wg.Done()
 	for ar := range a.acks {
-		if mutant.AckBeforeCommit && ar.d.Ack != nil { // a deliberate bug, only in the mutant_ack_early build
-			ar.d.Ack()
-			ar.d.Ack = nil
-		}
 		if ar.done != nil {
 			if err := <-ar.done; err != nil {
 				if errors.Is(err, context.Canceled) && a.ctx.Err() != nil {

@@ -7,7 +7,7 @@
 //	tag                     constant              the bug
 //	mutant_fence_off        FenceCheckOff         decide.go Check: a fence below last_fence is not stale
 //	mutant_dedup_off        DedupOff              decide.go Dedup: a resend of a recorded op is a new command
-//	mutant_ack_early        AckBeforeCommit       intake.go ackLoop: PUBACK before the inbox commit is durable
+//	mutant_ack_early        AckBeforeCommit       intake.go intakeLoop: PUBACK on arrival, before the inbox commit is durable
 //	mutant_publish_early    PublishBeforeCommit   worker.go recordOutcome: the Result is published before its commit
 //	mutant_unknown_failed   UnknownAsFailed       decide.go AfterWrite: an unknown write ends device_unreachable (not recorded, so resendable)
 //	mutant_recovery_skip    RecoverySkipsPending  recovery.go: a pending write is re-sent as queued, without asking the device
