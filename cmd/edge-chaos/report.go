@@ -38,7 +38,12 @@ func report(out io.Writer, h *History, res *CheckResult, dir string) {
 	fmt.Fprintf(out, "%-40s %8d\n", "writes in the firmware journal", res.Journal)
 	kinds, exits := faultCounts(h)
 	fmt.Fprintf(out, "\nfaults                                      count\n")
-	for _, k := range append(append([]string(nil), faultKinds[:6]...), faultKinds[7:]...) {
+	seen := map[string]bool{}
+	for _, k := range faultKinds {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
 		fmt.Fprintf(out, "  %-40s %6d\n", k, kinds[k])
 	}
 	if n := kinds["operator_resolve"]; n > 0 {

@@ -28,10 +28,10 @@ const (
 	fFwKill          = "fw_kill"            // SIGKILL of the firmware, restarted (journal kept)
 )
 
-// faultKinds is one round of the schedule: every kind once (crash points
-// twice), shuffled. Rounds repeat until the duration is used up, so every
-// kind is injected in every round of about a minute.
-var faultKinds = []string{fCtlStale, fCtlPause, fCtlKill, fAgentKill, fAgentTerm, fAgentCrashPoint, fAgentCrashPoint,
+// faultKinds is one round of the schedule: every kind once (stale holders
+// and crash points twice), shuffled. Rounds repeat until the duration is
+// used up, so every kind is injected in every round of about a minute.
+var faultKinds = []string{fCtlStale, fCtlStale, fCtlPause, fCtlKill, fAgentKill, fAgentTerm, fAgentCrashPoint, fAgentCrashPoint,
 	fAgentSlowFsync, fAgentFailFsync, fBrokerRestart, fEtcdLeaderKill, fNetBroker, fNetFirmware, fNetEtcd,
 	fFwLatency, fFw503, fFwDrop, fFwHang, fFwKill}
 
