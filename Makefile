@@ -26,7 +26,7 @@ CMDS := edge-agent:./cmd/edge-agent edgectl:./cmd/edgectl firmware-sim:./firmwar
 # make dist's platforms: OS/ARCH[/GOARM].
 PLATFORMS := linux/amd64 linux/arm64 linux/arm/7
 
-.PHONY: all build binaries demo test bench check fmt vet staticcheck plugins clean dist
+.PHONY: all build binaries demo test bench chaos chaos-mutants check fmt vet staticcheck plugins clean dist
 
 # Pinned tool versions (make check).
 STATICCHECK_VERSION := v0.8.2
@@ -60,6 +60,26 @@ test: plugins-c
 	$(GO) vet -tags failpoints ./...
 	$(GO) test $(TESTFLAGS) ./...
 	cd packaging && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+
+# The chaos campaign (docs/testing.md, "Chaos campaign"): real processes,
+# a seeded schedule of faults, a history checked by a porcupine model and
+# against the firmware's journal. Exit 1 when it found a violation.
+#   make chaos SEED=42 DURATION=30m            mosquitto with persistence
+#   make chaos SEED=42 DURATION=5m BROKER=embedded
+SEED     ?= 1
+DURATION ?= 5m
+BROKER   ?= mosquitto
+chaos:
+	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
+	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) -broker $(BROKER) $(CHAOSFLAGS)
+
+# Every deliberate bug of internal/mutant, each built into an agent of its
+# own and run against a fixed-seed campaign: prints `caught K/6`, exit 0
+# only when every mutant was caught. (make test runs it too with
+# CHAOS_MUTANTS=1.)
+chaos-mutants:
+	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
+	$(BIN)/edge-chaos mutants -seed $(SEED) -duration 60s -settle 30s $(CHAOSFLAGS)
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
 bench:

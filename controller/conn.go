@@ -42,6 +42,13 @@ type ConnOptions struct {
 	// Result is dropped and counted (Conn.Unverified). Nil: Results are
 	// read as they come, plain JSON or the payload of a JWS (unverified).
 	ResultKey ed25519.PublicKey
+	// MaxReconnectInterval caps the pause between reconnect attempts
+	// after the connection was lost (paho doubles it while the broker
+	// stays away, and again each time the connection is lost soon after
+	// the last loss). Zero means 2s. paho's own default, 10 minutes, kept
+	// a controller away from its Results for minutes after a few broker
+	// restarts in a row (found by the chaos campaign, docs/testing.md).
+	MaxReconnectInterval time.Duration
 }
 
 // Conn is a controller's MQTT connection: it publishes commands and
@@ -83,6 +90,9 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 5 * time.Second
 	}
+	if opts.MaxReconnectInterval <= 0 {
+		opts.MaxReconnectInterval = 2 * time.Second
+	}
 	c := &Conn{
 		opts:    opts,
 		reply:   ReplyTopic(opts.Prefix, opts.Gateway, opts.ControllerID),
@@ -100,6 +110,7 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 		SetOrderMatters(false).
 		SetAutoReconnect(true).
 		SetConnectRetry(false).
+		SetMaxReconnectInterval(opts.MaxReconnectInterval).
 		SetConnectTimeout(opts.ConnectTimeout).
 		SetUsername(opts.Username).
 		SetPassword(opts.Password).

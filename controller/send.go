@@ -127,6 +127,12 @@ type SendOptions struct {
 	OnUnknown func(wire.Result)
 	// Metrics counts stale results. Nil means none are recorded.
 	Metrics *Metrics
+	// OnPublish, when set, is called after each publish of a command,
+	// resends included, with its outcome: nil once the broker
+	// acknowledged it (PUBACK), else the error. It runs on Send's
+	// goroutine and must not block. For a history of what was sent (the
+	// chaos campaign records "published" with it). Nil: not called.
+	OnPublish func(cmd wire.Command, err error)
 }
 
 // DefaultSignedExpiry is how long a signed command is valid when
@@ -263,7 +269,11 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		if h := testHookBeforePublish; h != nil {
 			h(cmd)
 		}
-		if err := s.conn.publish(ctx, topic, payload); err != nil {
+		err := s.conn.publish(ctx, topic, payload)
+		if s.opts.OnPublish != nil {
+			s.opts.OnPublish(cmd, err)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return last, fmt.Errorf("device %s op %s: %w: %w", device, cmd.OpID, ErrOutcomeUnknown, err)
 			}

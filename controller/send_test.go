@@ -329,3 +329,56 @@ func TestSendCommandFields(t *testing.T) {
 		t.Fatal("an invalid command was published")
 	}
 }
+
+// OnPublish sees every publish, resends included, after the broker's
+// PUBACK (nil error).
+func TestSendOnPublish(t *testing.T) {
+	broker := mqtttest.StartMosquitto(t).URL()
+	startResponder(t, broker, "gw-onpub", func(c wire.Command, seen int) []delayed {
+		if seen == 0 {
+			return nil // the Result is lost: Send resends
+		}
+		return []delayed{{0, result(c, wire.CodeOK, 7)}}
+	})
+	conn := dial(t, broker, "gw-onpub")
+	var mu sync.Mutex
+	var got []error
+	var ops []string
+	s := NewSender(conn, &FixedFence{Fence: 7}, &SendOptions{ResultTimeout: 300 * time.Millisecond,
+		OnPublish: func(c wire.Command, err error) {
+			mu.Lock()
+			got, ops = append(got, err), append(ops, c.OpID)
+			mu.Unlock()
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1}, WithOpID("op-onpub")); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	mu.Lock()
+	if len(got) != 2 || got[0] != nil || got[1] != nil || ops[0] != "op-onpub" || ops[1] != "op-onpub" {
+		t.Fatalf("OnPublish saw %v for %v, want two nil errors for op-onpub", got, ops)
+	}
+	mu.Unlock()
+}
+
+// A controller whose broker restarts several times in a row is back within
+// a few seconds of the last restart: paho's reconnect backoff is capped
+// (ConnOptions.MaxReconnectInterval). Uncapped, it doubled with every
+// loss soon after the last one, and the chaos campaign's controllers on
+// the embedded broker (restarted with the agent) stayed away for tens of
+// seconds.
+func TestReconnectAfterRepeatedBrokerRestarts(t *testing.T) {
+	m := mqtttest.StartMosquitto(t)
+	conn := dial(t, m.URL(), "gw-reconnect")
+	for i := 0; i < 6; i++ {
+		m.Restart()
+		testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
+	}
+	m.Restart()
+	start := time.Now()
+	testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("after the 7th broker restart in a row the controller took %v to reconnect (the cap is 2s)", took)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -67,7 +68,11 @@ func (a *Agent) recover(ctx context.Context) error {
 			if st == store.OpUnknown {
 				a.held.Add(1)
 			}
-			entries = append(entries, entry{item{InboxEntry: e}, st})
+			it := item{InboxEntry: e}
+			if mutant.RecoverySkipsPending && st == store.OpPending { // a deliberate bug, only in the mutant_recovery_skip build
+				o.Status, st, it.op = store.OpQueued, store.OpQueued, &o
+			}
+			entries = append(entries, entry{it, st})
 			return nil
 		}); err != nil {
 			return err

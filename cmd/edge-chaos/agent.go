@@ -1,0 +1,154 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// agentSup runs the agent process: it starts it, restarts it when it ends
+// by itself (a crash point fired, a failed commit stopped it), and carries
+// out the schedule's restarts one at a time, each with the failpoints the
+// schedule asks for (EDGE_AGENT_FAILPOINTS; none for a plain restart).
+type agentSup struct {
+	w       *world
+	cfg     string
+	seed    uint64
+	cmds    chan agentCmd
+	quit    chan struct{}
+	done    chan struct{}
+	starts  atomic.Int64
+	running atomic.Bool // run was started (close waits for it)
+
+	mu   sync.Mutex
+	p    *proc
+	spec string
+}
+
+// agentCmd is one restart: stop with sig (wait up to 15s, then SIGKILL),
+// stay down for down, start again with failpoints spec.
+type agentCmd struct {
+	sig  syscall.Signal
+	down time.Duration
+	spec string
+	kind string        // the fault it is part of, for the record
+	up   chan struct{} // closed once the new process started (nil: not waited for)
+}
+
+func newAgentSup(w *world, cfg string, seed uint64) *agentSup {
+	return &agentSup{w: w, cfg: cfg, seed: seed, cmds: make(chan agentCmd, 64), quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (a *agentSup) proc() *proc {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.p
+}
+
+func (a *agentSup) start(spec string) error {
+	env := []string{"EDGE_AGENT_FAILPOINTS=" + spec, fmt.Sprintf("EDGE_AGENT_FAILPOINTS_SEED=%d", a.seed+uint64(a.starts.Load()))}
+	p, err := startProc("edge-agent", a.w.out, env, a.w.o.agentBin, "run", "--config", a.cfg, "--log-level", "warn")
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.p, a.spec = p, spec
+	a.mu.Unlock()
+	a.starts.Add(1)
+	detail := "normal"
+	if spec != "" {
+		detail = "EDGE_AGENT_FAILPOINTS=" + spec
+	}
+	a.w.record("agent_start", "start", fmt.Sprint(p.pid()), detail)
+	return nil
+}
+
+// run supervises until close.
+func (a *agentSup) run() {
+	a.running.Store(true)
+	defer close(a.done)
+	for {
+		p := a.proc()
+		select {
+		case <-a.quit:
+			p.stop(syscall.SIGTERM, 15*time.Second)
+			a.w.record("agent_exit", "end", fmt.Sprint(p.pid()), p.ended())
+			return
+		case c := <-a.cmds:
+			p.stop(c.sig, 15*time.Second)
+			a.w.record("agent_exit", "end", fmt.Sprint(p.pid()), p.ended())
+			if !a.pause(c.down) {
+				return
+			}
+			if err := a.start(c.spec); err != nil {
+				fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
+				return
+			}
+			if c.up != nil {
+				close(c.up)
+			}
+		case <-p.done:
+			// Ended by itself: a crash point, a failed commit (fail
+			// stop), or a crash during recovery. Start it again, plain.
+			a.w.record("agent_exit", "end", fmt.Sprint(p.pid()), p.ended())
+			if !a.pause(300 * time.Millisecond) {
+				return
+			}
+			if err := a.start(""); err != nil {
+				fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
+				return
+			}
+		}
+	}
+}
+
+func (a *agentSup) pause(d time.Duration) bool {
+	select {
+	case <-a.quit:
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// restart queues a restart.
+func (a *agentSup) restart(c agentCmd) { a.cmds <- c }
+
+// close stops the agent gracefully and the supervision with it.
+func (a *agentSup) close() {
+	select {
+	case <-a.quit:
+	default:
+		close(a.quit)
+	}
+	if a.running.Load() {
+		<-a.done
+	} else if p := a.proc(); p != nil {
+		p.stop(syscall.SIGTERM, 15*time.Second)
+	}
+}
+
+// ready reports whether the agent's /readyz answers 200.
+func (a *agentSup) ready() bool {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(a.w.adminURL + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// plain reports whether the running agent has no failpoints armed.
+func (a *agentSup) plain() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.spec == "" && a.p.running()
+}
+
+func agentConfigPath(dir string) string { return filepath.Join(dir, "agent.yaml") }

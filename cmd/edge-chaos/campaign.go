@@ -1,0 +1,491 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+const (
+	gatewayID = "chaos"
+	prefix    = "edge"
+)
+
+// options of one campaign (edge-chaos run's flags).
+type options struct {
+	seed         uint64
+	duration     time.Duration
+	embedded     bool
+	controllers  int
+	ttl          time.Duration
+	out          string
+	keep         bool
+	tags         string // extra build tags of the agent (a mutant)
+	agentBin     string // prebuilt agent (failpoints build); "": built
+	firmwareBin  string
+	self         string // this binary, re-executed as the controllers
+	etcdBin      string
+	mosquittoBin string
+	devices      []DeviceSpec
+	settle       time.Duration
+	porcupineTO  time.Duration
+	log          io.Writer // progress lines
+}
+
+var defaultDevices = []DeviceSpec{
+	{ID: "hot", Type: "relay", Queryable: true, Hot: true},
+	{ID: "pump-a", Type: "pump", Queryable: true},
+	{ID: "valve-n", Type: "valve", Queryable: false},
+	{ID: "pump-g", Type: "pump", Group: "g1", Queryable: true},
+	{ID: "relay-g", Type: "relay", Group: "g1", Queryable: true},
+	{ID: "gen-a", Type: "generic", Queryable: true},
+}
+
+// campaign is one run: its world, its schedule, its observer.
+type campaign struct {
+	o     options
+	w     *world
+	obs   *observer
+	meta  RunMeta
+	start time.Time
+
+	faultsWG sync.WaitGroup
+	injected map[string]int
+	injMu    sync.Mutex
+
+	slowMu     sync.Mutex
+	slowActive int
+	slowUntil  time.Time // the firmware may still apply a delayed write until then
+
+	invoked  atomic.Int64
+	resolved atomic.Int64
+	stopOp   chan struct{}
+	opDone   chan struct{}
+}
+
+func (c *campaign) logf(format string, a ...any) {
+	fmt.Fprintf(c.o.log, "[%6.1fs] "+format+"\n", append([]any{time.Since(c.start).Seconds()}, a...)...)
+}
+
+// runCampaign runs one campaign and checks it; it returns the check's
+// result (nil when the run could not be set up: err says why).
+func runCampaign(o options) (*CheckResult, string, error) {
+	dir := o.out
+	if dir == "" {
+		d, err := os.MkdirTemp("", fmt.Sprintf("edge-chaos-%d-", o.seed))
+		if err != nil {
+			return nil, "", err
+		}
+		dir = d
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", err
+	}
+	for _, sub := range []string{"plugins", "bin", "etcd"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, dir, err
+		}
+	}
+	c := &campaign{o: o, start: time.Now(), injected: map[string]int{}, stopOp: make(chan struct{}), opDone: make(chan struct{})}
+	tags := "failpoints"
+	if o.tags != "" {
+		tags += "," + o.tags
+	}
+	if o.agentBin == "" || o.firmwareBin == "" {
+		c.logf("building edge-agent (-tags %s) and firmware-sim", tags)
+		a, f, err := build(filepath.Join(dir, "bin"), tags)
+		if err != nil {
+			return nil, dir, err
+		}
+		if o.agentBin == "" {
+			o.agentBin = a
+		}
+		if o.firmwareBin == "" {
+			o.firmwareBin = f
+		}
+		c.o = o
+	}
+	broker := "mosquitto"
+	if o.embedded {
+		broker = "embedded"
+	}
+	c.meta = RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Devices: o.devices}
+	logf, err := os.OpenFile(filepath.Join(dir, "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, dir, err
+	}
+	defer logf.Close()
+	faults, err := openLines(filepath.Join(dir, "faults.jsonl"))
+	if err != nil {
+		return nil, dir, err
+	}
+	w := &world{o: o, dir: dir, out: logf, links: newLinks(), fault: faults}
+	c.w = w
+	defer w.stopAll()
+	if err := c.setup(); err != nil {
+		return nil, dir, err
+	}
+	c.start = time.Now()
+	c.meta.Start = c.start.UnixNano()
+	if err := c.writeMeta(); err != nil {
+		return nil, dir, err
+	}
+	sched := schedule(o.seed, o.duration, o.controllers, o.devices, o.ttl, o.embedded)
+	c.logf("seed %d: %d faults scheduled over %v; history in %s", o.seed, len(sched), o.duration, dir)
+	go c.operator()
+	progressDone := make(chan struct{})
+	go c.progress(progressDone)
+	for _, f := range sched {
+		if d := time.Until(c.start.Add(f.At)); d > 0 {
+			time.Sleep(d)
+		}
+		c.faultsWG.Add(1)
+		go func() {
+			defer c.faultsWG.Done()
+			c.inject(f)
+		}()
+	}
+	if d := time.Until(c.start.Add(o.duration)); d > 0 {
+		time.Sleep(d)
+	}
+	c.meta.End = time.Now().UnixNano()
+	c.logf("faults stop; waiting for the ones in progress")
+	c.faultsWG.Wait()
+	c.settle()
+	close(progressDone)
+	close(c.stopOp)
+	<-c.opDone
+	c.meta.Settled = time.Now().UnixNano()
+	w.agent.close()
+	c.obs.close()
+	w.stopAll()
+	faults.close()
+	if err := c.writeMeta(); err != nil {
+		return nil, dir, err
+	}
+	c.logf("checking the history")
+	h, err := loadHistory(dir)
+	if err != nil {
+		return nil, dir, err
+	}
+	res := check(h, dir, o.porcupineTO)
+	return res, dir, nil
+}
+
+func (c *campaign) writeMeta() error {
+	b, err := json.MarshalIndent(c.meta, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.w.dir, "run.json"), b, 0o644)
+}
+
+// setup starts every process and link and waits until the agent is ready
+// and every controller runs.
+func (c *campaign) setup() error {
+	w, o := c.w, c.o
+	if err := w.startEtcd(); err != nil {
+		return err
+	}
+	for i, m := range w.etcd {
+		addr, err := w.links.add(fmt.Sprintf("etcd-%d", i), strings.TrimPrefix(m.client, "http://"))
+		if err != nil {
+			return err
+		}
+		w.etcdProxies = append(w.etcdProxies, "http://"+addr)
+	}
+	if o.embedded {
+		a, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		w.mosqAddr = a
+	} else {
+		if err := w.startMosquitto(); err != nil {
+			return err
+		}
+		addr, err := w.links.add("broker", w.mosqAddr)
+		if err != nil {
+			return err
+		}
+		w.agentBrokerURL = "tcp://" + addr
+	}
+	w.brokerURL = "tcp://" + w.mosqAddr
+	if err := w.startFirmware(); err != nil {
+		return err
+	}
+	fwp, err := w.links.add("firmware", w.fwAddr)
+	if err != nil {
+		return err
+	}
+	w.fwProxy = fwp
+	admin, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	w.adminURL = "http://" + admin
+	cfg := agentConfigPath(w.dir)
+	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin)), 0o644); err != nil {
+		return err
+	}
+	w.agent = newAgentSup(w, cfg, o.seed)
+	if err := w.agent.start(""); err != nil {
+		return err
+	}
+	w.agent.running.Store(true) // before the goroutine: close must wait for it
+	go w.agent.run()
+	if !waitFor(30*time.Second, w.agent.ready) {
+		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().ended(), filepath.Join(w.dir, "procs.log"))
+	}
+	obsLog, err := openLines(filepath.Join(w.dir, "observer.jsonl"))
+	if err != nil {
+		return err
+	}
+	c.obs = newObserver(obsLog, w.brokerURL, prefix, gatewayID)
+	c.obs.start()
+	for i := 0; i < o.controllers; i++ {
+		s, err := w.startController(i, 0)
+		if err != nil {
+			return err
+		}
+		w.ctls = append(w.ctls, s)
+	}
+	return nil
+}
+
+func (c *campaign) count(kind string) {
+	c.injMu.Lock()
+	c.injected[kind]++
+	c.injMu.Unlock()
+}
+
+// slow marks a fault that delays writes on their way to the firmware from
+// now until its end (the operator waits that out before it resolves a
+// held write from the journal).
+func (c *campaign) slow(on bool, extra time.Duration) {
+	c.slowMu.Lock()
+	defer c.slowMu.Unlock()
+	if on {
+		c.slowActive++
+		return
+	}
+	c.slowActive--
+	if u := time.Now().Add(extra + 3*time.Second); u.After(c.slowUntil) {
+		c.slowUntil = u
+	}
+}
+
+func (c *campaign) quiet() bool {
+	c.slowMu.Lock()
+	defer c.slowMu.Unlock()
+	return c.slowActive == 0 && time.Now().After(c.slowUntil)
+}
+
+// operator resolves the writes held unknown on devices that cannot be
+// asked (queryable: false), from the firmware journal's truth, once nothing
+// can still land: the held write's unknown Result is 3s old and no fault
+// that delays writes (firmware latency, network latency or black hole) has
+// been active since a while. The firmware's hang never applies a write.
+func (c *campaign) operator() {
+	defer close(c.opDone)
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stopOp:
+			return
+		case <-tick.C:
+		}
+		for _, d := range c.o.devices {
+			if d.Queryable {
+				continue
+			}
+			for op, at := range c.obs.held(d.ID) {
+				if time.Since(time.Unix(0, at)) < 3*time.Second || !c.quiet() {
+					continue
+				}
+				c.resolve(d.ID, op)
+			}
+		}
+	}
+}
+
+func (c *campaign) resolve(dev, op string) {
+	entries, err := readLines[struct {
+		Device string `json:"device"`
+		OpID   string `json:"op_id"`
+	}](filepath.Join(c.w.dir, "journal.jsonl"))
+	if err != nil {
+		return
+	}
+	applied := false
+	for _, e := range entries {
+		if e.Device == dev && e.OpID == op {
+			applied = true
+		}
+	}
+	body := `{"applied":false}`
+	if applied {
+		st, err := c.w.firmwareState(dev)
+		if err != nil {
+			return
+		}
+		body = fmt.Sprintf(`{"applied":true,"state":%s}`, bytes.TrimSpace(st))
+	}
+	hc := http.Client{Timeout: 3 * time.Second}
+	resp, err := hc.Post(c.w.adminURL+"/v1/devices/"+dev+"/ops/"+op+"/resolve", "application/json", strings.NewReader(body))
+	if err != nil {
+		return
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		c.resolved.Add(1)
+		c.w.record("operator_resolve", "start", dev+"/"+op, fmt.Sprintf("applied=%v (from the journal)", applied))
+	} else if resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusNotFound {
+		c.w.record("operator_resolve", "error", dev+"/"+op, fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(msg)))
+	}
+}
+
+// progress prints a line every 5 seconds.
+func (c *campaign) progress(done <-chan struct{}) {
+	cnt := &invokedCounter{dir: c.w.dir, off: map[string]int64{}}
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		n := cnt.count()
+		c.invoked.Store(n)
+		results, final := c.obs.counts()
+		c.injMu.Lock()
+		total := 0
+		for _, v := range c.injected {
+			total += v
+		}
+		c.injMu.Unlock()
+		c.logf("commands %d, final %d, results %d, faults %d, agent starts %d, resolved by the operator %d",
+			n, final, results, total, c.w.agent.starts.Load(), c.resolved.Load())
+	}
+}
+
+// invokedCounter counts "invoked" lines in the controllers' files, reading
+// only what was appended since the last count.
+type invokedCounter struct {
+	dir string
+	off map[string]int64
+	n   int64
+}
+
+func (k *invokedCounter) count() int64 {
+	files, _ := filepath.Glob(filepath.Join(k.dir, "ctl-*.jsonl"))
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			continue
+		}
+		fh.Seek(k.off[f], io.SeekStart)
+		b, _ := io.ReadAll(fh)
+		fh.Close()
+		b = b[:bytes.LastIndexByte(b, '\n')+1]
+		k.off[f] += int64(len(b))
+		k.n += int64(bytes.Count(b, []byte(`"ev":"invoked"`)))
+	}
+	return k.n
+}
+
+// settle ends the faults, lets the controllers finish, and waits until
+// every published command has its final Result (the operator resolving
+// held writes meanwhile), or o.settle passes.
+func (c *campaign) settle() {
+	w := c.w
+	c.logf("healing: links, firmware faults, paused controllers, dead processes")
+	_ = w.links.heal("")
+	_ = w.setFirmwareFaults(`{}`)
+	w.ctlMu.Lock()
+	for _, s := range w.ctls {
+		_ = s.p.signal(syscall.SIGUSR2)
+		_ = s.p.signal(syscall.SIGCONT)
+	}
+	w.ctlMu.Unlock()
+	w.mosqMu.Lock()
+	mosqDead := !c.o.embedded && (w.mosq == nil || !w.mosq.running())
+	w.mosqMu.Unlock()
+	if mosqDead {
+		_ = w.runMosquitto()
+	}
+	if p := w.firmwareProc(); p == nil || !p.running() {
+		_ = w.startFirmware()
+	}
+	for i, m := range w.etcd {
+		if p := w.etcdMemberProc(i); p == nil || !p.running() {
+			_ = w.runEtcd(m, w.etcdInitial(), "existing")
+		}
+	}
+	if !w.agent.plain() {
+		w.agent.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: "settle"})
+	}
+	c.logf("stopping the controllers (each finishes the operation in hand)")
+	var wg sync.WaitGroup
+	w.ctlMu.Lock()
+	for _, s := range w.ctls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.p.stop(syscall.SIGTERM, 30*time.Second)
+		}()
+	}
+	w.ctlMu.Unlock()
+	wg.Wait()
+	deadline := time.Now().Add(c.o.settle)
+	for {
+		missing := c.unfinished()
+		if len(missing) == 0 {
+			c.logf("settled: every published command has a final Result")
+			return
+		}
+		if time.Now().After(deadline) {
+			c.logf("not settled within %v: %d published commands without a final Result (e.g. %s)", c.o.settle, len(missing), missing[0])
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// unfinished lists published operations without a final Result yet.
+func (c *campaign) unfinished() []string {
+	files, _ := filepath.Glob(filepath.Join(c.w.dir, "ctl-*.jsonl"))
+	var out []string
+	for _, f := range files {
+		evs, _ := readLines[Event](f)
+		for _, e := range evs {
+			if e.Ev == evPublished && !c.obs.finalSeen(e.Op) {
+				out = append(out, e.Dev+"/"+e.Op)
+			}
+		}
+	}
+	return dedup(out)
+}
+
+func dedup(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}

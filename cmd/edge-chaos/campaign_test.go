@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/internal/testkit"
+)
+
+func TestMain(m *testing.M) { testkit.Main(m) }
+
+// needs skips a test when a server the campaign runs is not installed
+// (CI installs them: .ci/run; there a missing one fails).
+func needs(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the chaos campaign runs for minutes; not with -short")
+	}
+	for _, bin := range []string{"/usr/bin/etcd", "mosquitto"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if _, err2 := os.Stat("/usr/sbin/" + bin); err2 == nil {
+				continue
+			}
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not installed (.ci/run installs it)", bin)
+			}
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+}
+
+// runBin runs edge-chaos with args (in dir) within limit and returns its
+// output and exit code.
+func runBin(t *testing.T, dir string, limit time.Duration, args ...string) (string, int) {
+	t.Helper()
+	bin := testkit.Build(t, ".")
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("edge-chaos %v did not end within %v:\n%s", args, limit, testkit.Tail(string(out), 6000))
+	}
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("edge-chaos: %v", err)
+	}
+	return string(out), code
+}
+
+// count reads a number from the report: the row named label.
+func count(t *testing.T, out, label string) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(label) + `\s+(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the report has no row %q:\n%s", label, testkit.Tail(out, 6000))
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// A short fixed-seed campaign (make test): real processes, every fault of
+// one round of the schedule, and a history without a violation. The
+// faults are shown to have happened (the report counts them, the agent
+// was killed and crashed at its crash points, stale holders were fenced).
+func TestCampaignShortRun(t *testing.T) {
+	needs(t)
+	agent := testkit.Build(t, "../edge-agent", "failpoints")
+	fw := testkit.Build(t, "../../firmware-sim")
+	dir := filepath.Join(t.TempDir(), "history")
+	out, code := runBin(t, ".", 4*time.Minute, "run", "-seed", "7", "-duration", "60s", "-settle", "45s",
+		"-agent", agent, "-firmware", fw, "-out", dir, "-porcupine-timeout", "30s")
+	if code != 0 || !regexp.MustCompile(`(?m)^violations: 0$`).MatchString(out) {
+		v, _ := os.ReadFile(filepath.Join(dir, "violations.txt"))
+		t.Fatalf("edge-chaos exit %d:\n%s\n%s", code, testkit.Tail(out, 8000), testkit.Tail(string(v), 8000))
+	}
+	if n := count(t, out, "commands (operations invoked)"); n < 500 {
+		t.Errorf("only %d commands in 60s", n)
+	}
+	for _, k := range []string{fCtlStale, fCtlKill, fAgentCrashPoint, fAgentSlowFsync, fBrokerRestart, fEtcdLeaderKill, fFwKill} {
+		if count(t, out, k) == 0 {
+			t.Errorf("fault %s was not injected", k)
+		}
+	}
+	if count(t, out, "signal killed") == 0 {
+		t.Errorf("the agent was never killed")
+	}
+	t.Logf("%s", testkit.Tail(out, 3000))
+}
+
+// make chaos-mutants, as a test (CHAOS_MUTANTS=1 make test): every mutant
+// agent of internal/mutant is caught by a fixed-seed campaign.
+func TestMutantsAreCaught(t *testing.T) {
+	if os.Getenv("CHAOS_MUTANTS") != "1" {
+		t.Skip("set CHAOS_MUTANTS=1 to build every mutant agent and run the campaign against each (about 15 minutes)")
+	}
+	needs(t)
+	out, code := runBin(t, "../..", 40*time.Minute, "mutants", "-seed", "1", "-duration", "60s", "-settle", "30s")
+	if code != 0 || !regexp.MustCompile(`(?m)^caught 6/6$`).MatchString(out) {
+		t.Fatalf("edge-chaos mutants exit %d:\n%s", code, out)
+	}
+	t.Logf("%s", out)
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edge-agent/edge-agent/wire"
+)
+
+// observer records every Result the agent publishes, to any controller's
+// reply topic or a device's result topic, from a persistent session of its
+// own (clean session false, QoS 1), so a Result whose controller has died
+// is recorded too. It connects to the broker directly, not through the
+// campaign's network faults.
+type observer struct {
+	rec *lineWriter
+	cli paho.Client
+
+	mu      sync.Mutex
+	ops     map[string]*opSeen // by op_id
+	results int
+}
+
+// opSeen is what the observer has seen of one operation.
+type opSeen struct {
+	dev       string
+	final     bool
+	heldNow   bool  // the last Result (not a replay) was unknown
+	unknownAt int64 // first unknown Result, 0: none
+	codes     map[wire.Code]int
+}
+
+func newObserver(rec *lineWriter, broker, prefix, gateway string) *observer {
+	o := &observer{rec: rec, ops: map[string]*opSeen{}}
+	topics := map[string]byte{
+		prefix + "/" + gateway + "/controllers/+/reply": 1,
+		prefix + "/" + gateway + "/devices/+/result":    1,
+	}
+	po := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-chaos-observer").
+		SetCleanSession(false).SetOrderMatters(true).SetAutoReconnect(true).SetConnectRetry(true).
+		SetConnectRetryInterval(200 * time.Millisecond).SetMaxReconnectInterval(time.Second).
+		SetDefaultPublishHandler(o.onMessage).
+		SetOnConnectHandler(func(c paho.Client) { c.SubscribeMultiple(topics, nil) })
+	o.cli = paho.NewClient(po)
+	return o
+}
+
+// start connects (retrying in the background until the broker is there).
+func (o *observer) start() { o.cli.Connect() }
+
+func (o *observer) close() { o.cli.Disconnect(250) }
+
+func (o *observer) onMessage(_ paho.Client, m paho.Message) {
+	if m.Retained() || len(m.Payload()) == 0 {
+		return
+	}
+	var r wire.Result
+	if err := json.Unmarshal(m.Payload(), &r); err != nil {
+		o.rec.write(Event{T: time.Now().UnixNano(), Src: "observer", Ev: evNote, Err: fmt.Sprintf("%s: not a Result: %v", m.Topic(), err)})
+		return
+	}
+	now := time.Now().UnixNano()
+	o.rec.write(Event{T: now, Src: "observer", Ev: evResult, Dev: r.Device, Op: r.OpID, Fence: r.Fence, Result: &r})
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.results++
+	s := o.ops[r.OpID]
+	if s == nil {
+		s = &opSeen{dev: r.Device, codes: map[wire.Code]int{}}
+		o.ops[r.OpID] = s
+	}
+	s.codes[r.Code]++
+	switch {
+	case r.Final():
+		s.final, s.heldNow = true, false
+	case !r.Duplicate:
+		// An unknown that is not a replay: the write is held now (even
+		// after a final, which an honest agent never does, but a broken
+		// one must not be left holding its device for it).
+		s.heldNow = true
+		if s.unknownAt == 0 {
+			s.unknownAt = now
+		}
+	}
+}
+
+// held returns the operations of dev whose last Result was unknown.
+func (o *observer) held(dev string) map[string]int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]int64{}
+	for id, s := range o.ops {
+		if s.dev == dev && s.heldNow {
+			out[id] = s.unknownAt
+		}
+	}
+	return out
+}
+
+// finalSeen reports whether op has a final Result.
+func (o *observer) finalSeen(op string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.ops[op]
+	return s != nil && s.final
+}
+
+// counts returns how many Results arrived and how many operations have a
+// final one.
+func (o *observer) counts() (results, final int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, s := range o.ops {
+		if s.final {
+			final++
+		}
+	}
+	return o.results, final
+}

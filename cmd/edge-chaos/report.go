@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// faultCounts counts the faults by kind from the history (starts), with the
+// agent's exits by how they ended.
+func faultCounts(h *History) (map[string]int, map[string]int) {
+	kinds, exits := map[string]int{}, map[string]int{}
+	for _, f := range h.Faults {
+		switch {
+		case f.Kind == "agent_exit":
+			exits[f.Detail]++
+		case f.Kind == "agent_start", f.Phase != "start":
+		default:
+			kinds[f.Kind]++
+		}
+	}
+	return kinds, exits
+}
+
+// report prints the summary table, and writes every violation with its
+// window to DIR/violations.txt.
+func report(out io.Writer, h *History, res *CheckResult, dir string) {
+	m := h.Meta
+	fmt.Fprintf(out, "\nedge-chaos: seed %d, %s of faults, broker %s, agent built with -tags %s\n", m.Seed, m.Duration, m.Broker, m.Tags)
+	fmt.Fprintf(out, "history: %s\n\n", dir)
+	fmt.Fprintf(out, "%-40s %8d\n", "commands (operations invoked)", res.Ops)
+	fmt.Fprintf(out, "%-40s %8d\n", "  of which barriers", res.Barriers)
+	fmt.Fprintf(out, "%-40s %8d\n", "  published (acknowledged by the broker)", res.Published)
+	fmt.Fprintf(out, "%-40s %8d\n", "results delivered", res.Results)
+	fmt.Fprintf(out, "%-40s %8d\n", "writes in the firmware journal", res.Journal)
+	kinds, exits := faultCounts(h)
+	fmt.Fprintf(out, "\nfaults                                      count\n")
+	seen := map[string]bool{}
+	for _, k := range faultKinds {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		fmt.Fprintf(out, "  %-40s %6d\n", k, kinds[k])
+	}
+	if n := kinds["operator_resolve"]; n > 0 {
+		fmt.Fprintf(out, "  %-40s %6d\n", "operator_resolve (not a fault)", n)
+	}
+	fmt.Fprintf(out, "agent exits\n")
+	for _, k := range sortedKeys(exits) {
+		fmt.Fprintf(out, "  %-40s %6d\n", k, exits[k])
+	}
+	fmt.Fprintf(out, "\noutcomes (first final Result per command)   count\n")
+	for _, k := range sortedKeys(res.Outcomes) {
+		fmt.Fprintf(out, "  %-40s %6d\n", k, res.Outcomes[k])
+	}
+	fmt.Fprintf(out, "\nchecks                                 violations\n")
+	for _, l := range res.Checks {
+		note := ""
+		if l.Note != "" {
+			note = "  (" + l.Note + ")"
+		}
+		fmt.Fprintf(out, "  %-40s %6d%s\n", l.Name, l.Violations, note)
+	}
+	for _, d := range sortedKeys(res.Porcupine) {
+		if res.Porcupine[d] != "ok" {
+			fmt.Fprintf(out, "  porcupine %s: %s\n", d, res.Porcupine[d])
+		}
+	}
+	if len(res.Violations) > 0 {
+		var b strings.Builder
+		for i, v := range res.Violations {
+			fmt.Fprintf(&b, "violation %d: [%s] %s %s at %s: %s\n", i+1, v.Check, v.Dev, v.Op, m.stamp(v.T), v.Msg)
+			for _, l := range v.Window {
+				fmt.Fprintf(&b, "    %s\n", l)
+			}
+			b.WriteString("\n")
+		}
+		path := filepath.Join(dir, "violations.txt")
+		_ = os.WriteFile(path, []byte(b.String()), 0o644)
+		fmt.Fprintf(out, "\nfirst violations (all of them, each with its window of history: %s)\n", path)
+		for i, v := range res.Violations {
+			if i == 3 {
+				break
+			}
+			fmt.Fprintf(out, "  [%s] %s %s at %s: %s\n", v.Check, v.Dev, v.Op, m.stamp(v.T), v.Msg)
+			for j, l := range v.Window {
+				if j == 25 {
+					fmt.Fprintf(out, "      ... (%d more lines in violations.txt)\n", len(v.Window)-25)
+					break
+				}
+				fmt.Fprintf(out, "      %s\n", l)
+			}
+		}
+	}
+	fmt.Fprintf(out, "\nviolations: %d\n", len(res.Violations))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

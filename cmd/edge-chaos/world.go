@@ -1,0 +1,443 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/edge-agent/edge-agent/configs"
+)
+
+// world is every process of one campaign: a 3-member etcd, mosquitto
+// (or the agent's embedded broker), firmware-sim with its journal, the
+// agent, the controllers, and the toxiproxy links between them. Each is
+// started by the campaign and stopped by its PID.
+type world struct {
+	o     options
+	dir   string
+	out   io.Writer // the processes' output (procs.log)
+	links *links
+	fault *lineWriter
+
+	etcd []*etcdMember
+
+	mosqMu   sync.Mutex
+	mosq     *proc
+	mosqAddr string
+
+	fwMu   sync.Mutex
+	fw     *proc
+	fwAddr string
+
+	fwProxy     string   // the agent's firmware URL: through toxiproxy
+	etcdProxies []string // the controllers' etcd endpoints: through toxiproxy
+
+	brokerURL      string // controllers and the observer: the broker itself
+	agentBrokerURL string // the agent: through toxiproxy (mosquitto mode)
+	adminURL       string
+	agent          *agentSup
+
+	ctlMu sync.Mutex
+	ctls  []*ctlSlot
+}
+
+type etcdMember struct {
+	name, client, peer, data string
+	mu                       sync.Mutex
+	p                        *proc
+}
+
+type ctlSlot struct {
+	slot, gen int
+	id        string
+	p         *proc
+}
+
+func (w *world) record(kind, phase, target, detail string) {
+	w.fault.write(FaultRecord{T: time.Now().UnixNano(), Kind: kind, Phase: phase, Target: target, Detail: detail})
+}
+
+// --- etcd
+
+func (w *world) startEtcd() error {
+	var initial []string
+	for i := 0; i < 3; i++ {
+		c, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		p, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		m := &etcdMember{name: fmt.Sprintf("m%d", i), client: "http://" + c, peer: "http://" + p, data: filepath.Join(w.dir, "etcd", fmt.Sprintf("m%d", i))}
+		w.etcd = append(w.etcd, m)
+		initial = append(initial, m.name+"="+m.peer)
+	}
+	for _, m := range w.etcd {
+		if err := w.runEtcd(m, strings.Join(initial, ","), "new"); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range w.etcd {
+		cli, err := etcdClient([]string{m.client})
+		if err != nil {
+			return err
+		}
+		for {
+			rctx, c2 := context.WithTimeout(ctx, time.Second)
+			_, err = cli.Get(rctx, "health")
+			c2()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		cli.Close()
+		if err != nil {
+			return fmt.Errorf("etcd member %s not healthy within 30s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+func (w *world) etcdInitial() string {
+	var parts []string
+	for _, m := range w.etcd {
+		parts = append(parts, m.name+"="+m.peer)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (w *world) runEtcd(m *etcdMember, initial, state string) error {
+	p, err := startProc("etcd-"+m.name, w.out, nil, w.o.etcdBin,
+		"--name", m.name, "--data-dir", m.data,
+		"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
+		"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
+		"--initial-cluster", initial, "--initial-cluster-state", state,
+		"--initial-cluster-token", "edge-chaos", "--heartbeat-interval", "50", "--election-timeout", "500",
+		"--log-level", "error")
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.p = p
+	m.mu.Unlock()
+	return nil
+}
+
+func etcdClient(eps []string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+}
+
+// etcdLeader returns the index of the member that leads now.
+func (w *world) etcdLeader() int {
+	for _, m := range w.etcd {
+		cli, err := etcdClient([]string{m.client})
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := cli.Status(ctx, m.client)
+		cancel()
+		cli.Close()
+		if err != nil || st.Leader == 0 {
+			continue
+		}
+		if st.Header.MemberId == st.Leader {
+			return indexOf(w.etcd, m)
+		}
+		for i, o := range w.etcd {
+			c2, err := etcdClient([]string{o.client})
+			if err != nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ost, err := c2.Status(ctx, o.client)
+			cancel()
+			c2.Close()
+			if err == nil && ost.Header.MemberId == st.Leader {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+func indexOf(ms []*etcdMember, m *etcdMember) int {
+	for i, o := range ms {
+		if o == m {
+			return i
+		}
+	}
+	return -1
+}
+
+func (w *world) etcdMemberProc(i int) *proc {
+	m := w.etcd[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.p
+}
+
+// --- mosquitto
+
+func (w *world) startMosquitto() error {
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	w.mosqAddr = addr
+	_, port, _ := net.SplitHostPort(addr)
+	var n int
+	fmt.Sscan(port, &n)
+	data := filepath.Join(w.dir, "mosquitto")
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return err
+	}
+	conf, err := configs.LocalMosquittoConf(n, data, "stderr", os.Geteuid() == 0, "log_type error")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(data, "mosquitto.conf"), conf, 0o600); err != nil {
+		return err
+	}
+	return w.runMosquitto()
+}
+
+func (w *world) runMosquitto() error {
+	p, err := startProc("mosquitto", w.out, nil, w.o.mosquittoBin, "-c", filepath.Join(w.dir, "mosquitto", "mosquitto.conf"))
+	if err != nil {
+		return err
+	}
+	w.mosqMu.Lock()
+	w.mosq = p
+	w.mosqMu.Unlock()
+	if !waitFor(10*time.Second, func() bool { return dialable(w.mosqAddr) }) {
+		return fmt.Errorf("mosquitto does not accept connections on %s within 10s (%s)", w.mosqAddr, p.ended())
+	}
+	return nil
+}
+
+func dialable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// --- firmware
+
+func (w *world) fwArgs() []string {
+	var devs []string
+	for _, d := range w.o.devices {
+		devs = append(devs, d.ID+":"+d.Type)
+	}
+	return []string{"--listen", w.fwAddr, "--journal", filepath.Join(w.dir, "journal.jsonl"), "--log-level", "warn", "--devices", strings.Join(devs, ",")}
+}
+
+func (w *world) startFirmware() error {
+	if w.fwAddr == "" {
+		a, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		w.fwAddr = a
+	}
+	p, err := startProc("firmware-sim", w.out, []string{"GOMAXPROCS=1"}, w.o.firmwareBin, w.fwArgs()...)
+	if err != nil {
+		return err
+	}
+	w.fwMu.Lock()
+	w.fw = p
+	w.fwMu.Unlock()
+	if !waitFor(10*time.Second, func() bool { return dialable(w.fwAddr) }) {
+		return fmt.Errorf("firmware-sim does not listen on %s within 10s (%s)", w.fwAddr, p.ended())
+	}
+	return nil
+}
+
+func (w *world) firmwareProc() *proc {
+	w.fwMu.Lock()
+	defer w.fwMu.Unlock()
+	return w.fw
+}
+
+// setFirmwareFaults posts faults to firmware-sim (docs/protocol.md §2).
+func (w *world) setFirmwareFaults(body string) error {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Post("http://"+w.fwAddr+"/v1/faults", "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("POST /v1/faults %s: %s: %s", body, resp.Status, b)
+	}
+	return nil
+}
+
+// firmwareState is a device's state as the firmware has it.
+func (w *world) firmwareState(dev string) (json.RawMessage, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + w.fwAddr + "/v1/devices/" + dev + "/state")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET state of %s: %s %v", dev, resp.Status, err)
+	}
+	return b, nil
+}
+
+// --- agent configuration
+
+func (w *world) agentConfig(admin string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\n", gatewayID, filepath.Join(w.dir, "agent-data"))
+	if w.o.embedded {
+		fmt.Fprintf(&b, "mqtt:\n  broker: embedded\n  embedded_listen: %s\n  client_id: edge-agent-chaos\n  topic_prefix: %s\n", w.mosqAddr, prefix)
+	} else {
+		fmt.Fprintf(&b, "mqtt:\n  broker: %s\n  client_id: edge-agent-chaos\n  topic_prefix: %s\n", w.agentBrokerURL, prefix)
+	}
+	fmt.Fprintf(&b, "admin:\n  listen: %s\nplugins:\n  dir: %s\nshutdown_timeout: 5s\ndevices:\n", admin, filepath.Join(w.dir, "plugins"))
+	fwURL := "http://" + w.fwProxy
+	for _, d := range w.o.devices {
+		fmt.Fprintf(&b, "  - id: %s\n    type: %s\n    lock: locks/device/%s\n    queue: 64\n", d.ID, d.Type, d.ID)
+		if d.Group != "" {
+			fmt.Fprintf(&b, "    group: %s\n", d.Group)
+		}
+		fmt.Fprintf(&b, "    driver:\n      url: %s\n      timeout: 500ms\n      retries: 1\n      idempotent: true\n      queryable: %v\n", fwURL, d.Queryable)
+	}
+	return b.String()
+}
+
+// --- controllers
+
+func (w *world) startController(slot, gen int) (*ctlSlot, error) {
+	id := fmt.Sprintf("ctl%d-%d", slot, gen)
+	devs, _ := json.Marshal(w.o.devices)
+	args := []string{"controller", "--id", id, "--out", filepath.Join(w.dir, "ctl-"+id+".jsonl"),
+		"--broker", w.brokerURL, "--gateway", gatewayID, "--etcd", strings.Join(w.etcdProxies, ","),
+		"--devices", string(devs), "--seed", fmt.Sprint(w.o.seed*1000 + uint64(slot)*37 + uint64(gen)),
+		"--ttl", w.o.ttl.String(), fmt.Sprintf("--eager=%v", slot%2 == 0)}
+	p, err := startProc(id, w.out, nil, w.o.self, args...)
+	if err != nil {
+		return nil, err
+	}
+	return &ctlSlot{slot: slot, gen: gen, id: id, p: p}, nil
+}
+
+func (w *world) ctl(slot int) *ctlSlot {
+	w.ctlMu.Lock()
+	defer w.ctlMu.Unlock()
+	return w.ctls[slot]
+}
+
+// replaceController starts a new controller in slot after the old one died.
+func (w *world) replaceController(slot int) error {
+	old := w.ctl(slot)
+	c, err := w.startController(slot, old.gen+1)
+	if err != nil {
+		return err
+	}
+	w.ctlMu.Lock()
+	w.ctls[slot] = c
+	w.ctlMu.Unlock()
+	return nil
+}
+
+// lastPaused reads the controller's history for its last self-pause.
+func (w *world) lastPaused(c *ctlSlot) (Event, bool) {
+	evs, _ := readLines[Event](filepath.Join(w.dir, "ctl-"+c.id+".jsonl"))
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Ev == evPaused {
+			return evs[i], true
+		}
+	}
+	return Event{}, false
+}
+
+// deviceFence asks the agent's admin API for a device's last_fence.
+func (w *world) deviceFence(dev string) (int64, bool) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(w.adminURL + "/v1/devices/" + dev)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	var d struct {
+		LastFence int64 `json:"last_fence"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&d) != nil {
+		return 0, false
+	}
+	return d.LastFence, true
+}
+
+// build compiles the agent (with the failpoints tag and extra tags) and
+// firmware-sim into dir.
+func build(dir, tags string) (agent, firmware string, err error) {
+	agent, firmware = filepath.Join(dir, "edge-agent"), filepath.Join(dir, "firmware-sim")
+	for _, b := range []struct{ out, pkg, tags string }{{agent, "./cmd/edge-agent", tags}, {firmware, "./firmware-sim", ""}} {
+		args := []string{"build", "-o", b.out}
+		if b.tags != "" {
+			args = append(args, "-tags", b.tags)
+		}
+		cmd := exec.Command("go", append(args, b.pkg)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", "", fmt.Errorf("go build -tags %q %s (run from the repository root): %v\n%s", b.tags, b.pkg, err, out)
+		}
+	}
+	return agent, firmware, nil
+}
+
+// stopAll stops every process the campaign started, by PID.
+func (w *world) stopAll() {
+	w.ctlMu.Lock()
+	for _, c := range w.ctls {
+		if c != nil {
+			c.p.kill()
+		}
+	}
+	w.ctlMu.Unlock()
+	if w.agent != nil {
+		w.agent.close()
+	}
+	if p := w.firmwareProc(); p != nil {
+		p.stop(syscall.SIGTERM, 5*time.Second)
+	}
+	w.mosqMu.Lock()
+	if w.mosq != nil {
+		w.mosq.stop(syscall.SIGTERM, 5*time.Second)
+	}
+	w.mosqMu.Unlock()
+	for i := range w.etcd {
+		if p := w.etcdMemberProc(i); p != nil {
+			p.kill()
+		}
+	}
+	if w.links != nil {
+		w.links.close()
+	}
+}
