@@ -93,9 +93,10 @@ type Store struct {
 	sweepFrom uint64 // where the next Sweep resumes (commit goroutine only)
 	idx       *opIndex
 
-	later     []func(*Tx) error // Later's updates, for the next commit (under mu)
-	laterDone bool              // Close's final commit has taken them: Later drops (under mu)
-	laterWake chan struct{}     // Later queued the first of them
+	later      []func(*Tx) error // Later's updates, for the next commit (under mu)
+	committing bool              // a commit is between its start and its counting (under mu)
+	laterDone  bool              // Close's final commit has taken them: Later drops (under mu)
+	laterWake  chan struct{}     // Later queued the first of them
 }
 
 // LaterWithin is how long an update queued with Later waits at most for a
@@ -229,13 +230,14 @@ func (s *Store) Commits() uint64 {
 // commit (for tests that must see an update wait behind a slow commit).
 func (s *Store) Waiting() int { return len(s.reqs) }
 
-// Quiet reports whether nothing waits for a commit: no update enqueued and
-// none queued by Later (for tests that must see that something caused no
+// Quiet reports whether nothing waits for a commit and none is under way:
+// no update enqueued, none queued by Later, no commit between its start
+// and its counting (for tests that must see that something caused no
 // commit at all).
 func (s *Store) Quiet() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.reqs) == 0 && len(s.later) == 0
+	return len(s.reqs) == 0 && len(s.later) == 0 && !s.committing
 }
 
 // Path returns the file's path.
@@ -321,6 +323,7 @@ func (s *Store) takeLater(final bool) []func(*Tx) error {
 	l := s.later
 	s.later = nil
 	s.laterDone = s.laterDone || final
+	s.committing = s.committing || len(l) > 0 // no moment looks quiet before the commit
 	return l
 }
 
@@ -360,6 +363,9 @@ func (s *Store) loop() {
 			}
 			return
 		}
+		s.mu.Lock()
+		s.committing = true // taken off the queue: no moment looks quiet before the commit
+		s.mu.Unlock()
 		batch = append(batch[:0], r)
 	fill:
 		for len(batch) < s.opts.MaxBatch {
@@ -433,6 +439,11 @@ func (s *Store) commitFinal() error {
 func (s *Store) commitWith(batch []*request, later []func(*Tx) error) error {
 	var hooks []func()
 	var txid uint64
+	defer func() {
+		s.mu.Lock()
+		s.committing = false
+		s.mu.Unlock()
+	}()
 	if len(batch) == 0 && len(later) == 0 {
 		return nil
 	}
