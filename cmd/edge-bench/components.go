@@ -30,14 +30,14 @@ var components = []component{
 	{name: "logging (log/slog)", any: []string{"log/slog."}},
 	{name: "garbage collection", any: []string{"runtime.gcBgMarkWorker", "runtime.gcAssistAlloc", "runtime.bgsweep", "runtime.bgscavenge"}},
 	{name: "parse (command parser, content hash)", any: []string{"edge-agent/wire.ParseCommand", "edge-agent/wire.parseCommand", "edge-agent/wire.ContentHash", "edge-agent/wire.Canonical"}},
-	{name: "store updates (the agent's functions in a commit)", any: []string{"internal/agent."}, also: []string{"(*Store).commitWith"}},
-	{name: "commit (bbolt's commit, page writes, the group commit)", any: []string{"internal/store.", "go.etcd.io/bbolt."}},
-	{name: "HTTP to the device (driver, net/http)", any: []string{"internal/device.", "net/http.", "go-retryablehttp"}},
-	{name: "MQTT (paho, the session, the publisher)", any: []string{"eclipse/paho", "internal/mqtt.", "(*publisher)"}},
+	{name: "store updates (the agent's functions in a commit)", any: []string{"internal/agent.", "edge-agent/agent."}, also: []string{"(*Store).commitWith"}},
+	{name: "commit (bbolt's commit, page writes, the group commit)", any: []string{"internal/store.", "edge-agent/store.", "go.etcd.io/bbolt."}},
+	{name: "HTTP to the device (driver, net/http)", any: []string{"internal/device.", "edge-agent/device.", "net/http.", "go-retryablehttp"}},
+	{name: "MQTT (paho, the session, the publisher)", any: []string{"eclipse/paho", "internal/mqtt.", "edge-agent/mqtt.", "(*publisher)"}},
 	{name: "Result and state encoding", any: []string{"edge-agent/wire.Marshal", "edge-agent/wire.append"}},
-	{name: "policy host", any: []string{"internal/policy.", "tetratelabs/wazero"}},
+	{name: "policy host", any: []string{"internal/policy.", "edge-agent/policy.", "tetratelabs/wazero"}},
 	{name: "scheduler and goroutine hand-offs", any: []string{"runtime.schedule", "runtime.findRunnable", "runtime.park_m", "runtime.goready", "runtime.ready", "runtime.mcall", "runtime.futex", "runtime.notewakeup", "runtime.wakep"}},
-	{name: "the rest of the agent (intake, workers, admin)", any: []string{"internal/agent.", "internal/app."}},
+	{name: "the rest of the agent (intake, workers, admin)", any: []string{"internal/agent.", "internal/app.", "edge-agent/agent.", "edge-agent/app."}},
 	{name: "other (runtime, syscalls not above)", any: []string{""}},
 }
 
@@ -48,6 +48,11 @@ const simulatorPart = "the firmware simulator (in this process; not the agent's)
 // of the agent's CPU per component, per command (commands: how many the
 // agent answered while the profile ran).
 func componentTable(w io.Writer, path string, commands int) error {
+	return componentTableOf(w, path, agentKind.String(), commands)
+}
+
+// componentTableOf is componentTable for the samples labelled target=label.
+func componentTableOf(w io.Writer, path, label string, commands int) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -69,7 +74,7 @@ func componentTable(w io.Writer, path string, commands int) error {
 	per := make([]time.Duration, len(components))
 	var total time.Duration
 	for _, s := range p.Sample {
-		if !hasLabel(s, "target", agentKind.String()) {
+		if !hasLabel(s, "target", label) {
 			continue
 		}
 		d := time.Duration(s.Value[cpu])

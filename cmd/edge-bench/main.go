@@ -63,6 +63,7 @@ func main() {
 	prof := flag.String("cpuprofile", "", "write a CPU profile of this process here (with -inprocess: of everything but mosquitto)")
 	tableOf := flag.String("profile-table", "", "print the agent's CPU per command by component from this CPU profile (one written with -inprocess -cpuprofile, by this or an earlier edge-bench) and exit; with -profile-commands")
 	tableN := flag.Int("profile-commands", 0, "with -profile-table: how many commands the agent answered while the profile ran")
+	tableLabel := flag.String("profile-target", "edge-agent", "with -profile-table: the target whose samples are counted (edge-agent, agent-signed, ...)")
 	comps := flag.Bool("components", false, "with -inprocess -cpuprofile: after the runs, print the agent's CPU per command by component, from the profile (run one device count, e.g. -devices 64)")
 	inproc := flag.Bool("inprocess", false, "run the agent, the firmware simulator and the echo inside this process (for CPU profiles) instead of as processes of their own")
 	flag.Func("agent-env", "KEY=VALUE added to the edge-agent process's environment, e.g. GOGC=200 (repeatable; not with -inprocess)", func(kv string) error {
@@ -95,7 +96,7 @@ func main() {
 		return
 	}
 	if *tableOf != "" {
-		if err := componentTable(os.Stdout, *tableOf, *tableN); err != nil {
+		if err := componentTableOf(os.Stdout, *tableOf, *tableLabel, *tableN); err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench:", err)
 			os.Exit(1)
 		}
@@ -628,6 +629,18 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 		return stats{}, err
 	}
 	defer stopTarget()
+	// The controllers run under a label of their own, so a CPU profile
+	// (-inprocess) tells the target's work from the load generator's
+	// (their MQTT clients are the same library as the agent's).
+	var st stats
+	pprof.Do(context.Background(), pprof.Labels("target", "load-generator"), func(context.Context) {
+		st, err = generate(broker, n, dur, t, m)
+	})
+	return st, err
+}
+
+// generate runs n closed-loop controllers against the target for dur.
+func generate(broker string, n int, dur time.Duration, t target, m *cpuMeter) (stats, error) {
 	run := time.Now().UnixNano()
 	var mu sync.Mutex
 	waiting := map[string]chan struct{}{}
