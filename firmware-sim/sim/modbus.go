@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -365,7 +366,7 @@ func (s *Sim) modbusWrite(d *device, w ModbusWrite) error {
 
 	if f.Hang {
 		s.bump(func(c *FaultCounts) { c.Held++ })
-		s.hold(nil, d.id, func(f Faults) bool { return f.Hang })
+		s.hold(context.Background(), d.id, func(f Faults) bool { return f.Hang })
 		return modbus.ErrProtocolError
 	}
 	if hit(f.ResetRate) {
@@ -395,7 +396,7 @@ func (s *Sim) modbusWrite(d *device, w ModbusWrite) error {
 	}
 	if f.HangAfterApply {
 		s.bump(func(c *FaultCounts) { c.HeldAfterApply++ })
-		s.hold(nil, d.id, func(f Faults) bool { return f.HangAfterApply })
+		s.hold(context.Background(), d.id, func(f Faults) bool { return f.HangAfterApply })
 		return modbus.ErrProtocolError
 	}
 	if hit(f.DropResponseRate) {

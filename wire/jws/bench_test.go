@@ -29,7 +29,7 @@ func BenchmarkVerify(b *testing.B) {
 	b.Run("go-jose", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			sig, err := jose.ParseSigned(string(msg), []jose.SignatureAlgorithm{jose.EdDSA})
+			sig, err := jose.ParseSignedCompact(string(msg), []jose.SignatureAlgorithm{jose.EdDSA})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -62,7 +62,7 @@ func BenchmarkVerify(b *testing.B) {
 func TestGoJoseAgrees(t *testing.T) {
 	pub := seedKey.Public().(ed25519.PublicKey)
 	msg, _ := Sign(seedKey, "ctl-a", []byte(cmd))
-	sig, err := jose.ParseSigned(string(msg), []jose.SignatureAlgorithm{jose.EdDSA})
+	sig, err := jose.ParseSignedCompact(string(msg), []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		t.Fatal(err)
 	}
