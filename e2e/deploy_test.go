@@ -7,9 +7,11 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -47,18 +49,24 @@ func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	e.send("pump-7", cmd("op-1", 1, "set", `{"rpm":1200}`))
 	want(t, e.final("op-1"), wire.StatusApplied, wire.CodeOK)
 
-	code, body := e.admin("/metrics")
-	if code != 200 {
-		t.Fatalf("/metrics: HTTP %d", code)
-	}
+	// The outcome's counters are counted just after its Result is handed
+	// to the publisher: scrape until the command is counted.
 	exported := map[string]bool{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	testkit.Eventually(t, 10*time.Second, "op-1 counted in /metrics", func() bool {
+		code, body := e.admin("/metrics")
+		if code != 200 {
+			t.Fatalf("/metrics: HTTP %d", code)
 		}
-		name := line[:strings.IndexAny(line, "{ ")]
-		exported[name] = true
-	}
+		clear(exported)
+		for _, line := range strings.Split(string(body), "\n") {
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			name := line[:strings.IndexAny(line, "{ ")]
+			exported[name] = true
+		}
+		return exported["edge_agent_device_outcomes_total"]
+	})
 
 	var used []string
 	var dash any
