@@ -61,6 +61,9 @@ type devSpec struct {
 	// Modbus listener (url and unit_id filled in): the rest of the driver
 	// block, indented by 6.
 	modbus string
+	// modbusRTU puts a modbus device on the simulator's RTU-over-TCP
+	// listener instead (url: rtuovertcp://).
+	modbusRTU bool
 }
 
 func pump(id string) devSpec {
@@ -113,12 +116,19 @@ func newEnv(t testing.TB, devs ...devSpec) *env {
 		types[d.id] = d.typ
 	}
 	e.sim = sim.StartForTest(t, types)
+	var tcp, rtu bool
 	for _, d := range devs {
-		if d.modbus != "" {
-			if err := e.sim.StartModbus("127.0.0.1:0"); err != nil {
-				t.Fatal(err)
-			}
-			break
+		tcp = tcp || d.modbus != "" && !d.modbusRTU
+		rtu = rtu || d.modbus != "" && d.modbusRTU
+	}
+	if tcp {
+		if err := e.sim.StartModbus("127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rtu {
+		if err := e.sim.StartModbusRTU("127.0.0.1:0"); err != nil {
+			t.Fatal(err)
 		}
 	}
 	e.res = newCollector(t, e.broker)
@@ -150,7 +160,11 @@ func (e *env) writeConfig() string {
 		}
 		if d.modbus != "" {
 			u, _ := e.sim.Unit(d.id)
-			fmt.Fprintf(&b, "    driver:\n      kind: modbus\n      url: tcp://%s\n      unit_id: %d\n%s", e.sim.ModbusAddr(), u, d.modbus)
+			url := "tcp://" + e.sim.ModbusAddr()
+			if d.modbusRTU {
+				url = "rtuovertcp://" + e.sim.ModbusRTUAddr()
+			}
+			fmt.Fprintf(&b, "    driver:\n      kind: modbus\n      url: %s\n      unit_id: %d\n%s", url, u, d.modbus)
 		} else {
 			url := d.url
 			if url == "" {

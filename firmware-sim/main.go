@@ -1,6 +1,6 @@
 // Command firmware-sim is the simulated device firmware of docs/protocol.md §2.
 //
-//	firmware-sim [--listen 127.0.0.1:8081] [--modbus 127.0.0.1:5020] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve[:UNIT]
+//	firmware-sim [--listen 127.0.0.1:8081] [--modbus 127.0.0.1:5020] [--modbus-rtu 127.0.0.1:5021] [--journal FILE] [--log-level info] --devices pump-7:pump,valve-1:valve[:UNIT]
 //	firmware-sim --version
 //
 // It serves until SIGINT or SIGTERM. Exit status: 0 on a clean stop, 2 on a
@@ -42,6 +42,7 @@ func run(args []string) int {
 	journal := fs.String("journal", "", "append every applied write to this file (fsynced), tombstones to FILE.tombstones; reloaded at start")
 	devices := fs.String("devices", "", "the simulated devices, ID:TYPE[:UNIT],... (TYPE: pump, valve, relay, generic; UNIT: Modbus unit ID 1..255, default the next free one)")
 	modbusAddr := fs.String("modbus", "", "also serve the devices over Modbus TCP on this address (e.g. 127.0.0.1:5020); \"\": not at all")
+	rtuAddr := fs.String("modbus-rtu", "", "also serve the devices over Modbus RTU-over-TCP (RTU frames with their CRC on a TCP stream) on this address (e.g. 127.0.0.1:5021); \"\": not at all")
 	logLevel := fs.String("log-level", "info", "debug, info (one line per applied write), warn or error")
 	version := fs.Bool("version", false, "print the version, commit, build date, Go version and OS/arch, and exit")
 	if err := fs.Parse(args); err != nil {
@@ -94,6 +95,15 @@ func run(args []string) int {
 		}
 		// The second line: the Modbus address and each device's unit.
 		fmt.Printf("firmware-sim modbus on %s units %s\n", s.ModbusAddr(), unitList(s, devs))
+	}
+	if *rtuAddr != "" {
+		if err := s.StartModbusRTU(*rtuAddr); err != nil {
+			fmt.Fprintf(os.Stderr, "firmware-sim: --modbus-rtu: %v\n", err)
+			s.Close()
+			return 1
+		}
+		// The next line: the RTU-over-TCP address and each device's unit.
+		fmt.Printf("firmware-sim modbus-rtu on %s units %s\n", s.ModbusRTUAddr(), unitList(s, devs))
 	}
 	<-ctx.Done()
 	if err := s.Close(); err != nil {

@@ -248,6 +248,63 @@ func TestModbusFlag(t *testing.T) {
 	}
 }
 
+// TestModbusRTUFlag: --modbus-rtu serves the devices over Modbus
+// RTU-over-TCP, and its stdout line (after --modbus's) says where and which
+// unit each device is.
+func TestModbusRTUFlag(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "--listen", "127.0.0.1:0", "--modbus", "127.0.0.1:0", "--modbus-rtu", "127.0.0.1:0", "--devices", "p:pump,v:valve:7", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	lines := make(chan []string, 1)
+	go func() {
+		r := bufio.NewReader(stdout)
+		var l []string
+		for range 3 {
+			s, _ := r.ReadString('\n')
+			l = append(l, s)
+		}
+		lines <- l
+		io.Copy(io.Discard, stdout)
+	}()
+	var l []string
+	select {
+	case l = <-lines:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no stdout lines within 30s")
+	}
+	rest, ok := strings.CutPrefix(strings.TrimSpace(l[2]), "firmware-sim modbus-rtu on ")
+	addr, units, ok2 := strings.Cut(rest, " units ")
+	if !ok || !ok2 || units != "p=1,v=7" || !strings.HasPrefix(l[1], "firmware-sim modbus on ") {
+		t.Fatalf("stdout lines = %q", l)
+	}
+	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "rtuovertcp://" + addr, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Open(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetUnitId(7)
+	if err := c.WriteRegister(0, 55); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.ReadRegister(0, modbus.HOLDING_REGISTER); err != nil || v != 55 {
+		t.Fatalf("valve register 0 = %d, %v", v, err)
+	}
+}
+
 // --version prints version, commit, build date, Go version and OS/arch and
 // exits 0 without needing --devices.
 func TestVersionFlag(t *testing.T) {

@@ -42,6 +42,10 @@ const GenericPoints = 100
 // its fault is cleared).
 const maxModbusClients = 256
 
+// modbusIdle is how long an idle Modbus connection is kept: a client
+// keeps one per device.
+const modbusIdle = 10 * time.Minute
+
 // StartModbus serves the simulated devices over Modbus TCP on addr
 // (host:port; port 0 picks a free one) until Close. Open (the journal) is
 // done first. It may be called once, with or without Start.
@@ -61,6 +65,18 @@ func (s *Sim) StartModbus(addr string) error {
 	if err != nil {
 		return fmt.Errorf("sim: modbus address %q: %w", addr, err)
 	}
+	srv, a, err := s.listenModbus(host, port)
+	if err != nil {
+		return err
+	}
+	s.mb, s.mbAddr = srv, a
+	s.log.Info("modbus TCP listening", "addr", a, "units", s.unitList())
+	return nil
+}
+
+// listenModbus starts a library Modbus TCP server of the simulator's
+// devices (mbHandler) on host:port and returns it with its address.
+func (s *Sim) listenModbus(host, port string) (*modbus.ModbusServer, string, error) {
 	var last error
 	// The library listens itself and does not say on which port: port 0
 	// is resolved first by taking a free one. Another process may take
@@ -68,30 +84,29 @@ func (s *Sim) StartModbus(addr string) error {
 	for try := 0; try < 5; try++ {
 		p := port
 		if p == "0" {
+			var err error
 			if p, err = freePort(host); err != nil {
-				return err
+				return nil, "", err
 			}
 		}
 		a := net.JoinHostPort(host, p)
 		srv, err := modbus.NewServer(&modbus.ServerConfiguration{
 			URL:        "tcp://" + a,
-			Timeout:    10 * time.Minute, // idle connections are kept: a client keeps one per device
+			Timeout:    modbusIdle,
 			MaxClients: maxModbusClients,
 			Logger:     log.New(io.Discard, "", 0),
 		}, &mbHandler{s: s})
 		if err != nil {
-			return fmt.Errorf("sim: modbus server on %s: %w", a, err)
+			return nil, "", fmt.Errorf("sim: modbus server on %s: %w", a, err)
 		}
 		if last = srv.Start(); last == nil {
-			s.mb, s.mbAddr = srv, a
-			s.log.Info("modbus TCP listening", "addr", a, "units", s.unitList())
-			return nil
+			return srv, a, nil
 		}
 		if port != "0" {
 			break
 		}
 	}
-	return fmt.Errorf("sim: modbus listen on %s: %w", addr, last)
+	return nil, "", fmt.Errorf("sim: modbus listen on %s: %w", net.JoinHostPort(host, port), last)
 }
 
 func freePort(host string) (string, error) {

@@ -28,7 +28,13 @@ func startModbus(t *testing.T, opts sim.Options) *sim.Sim {
 // talking to dev's unit.
 func mbClient(t *testing.T, s *sim.Sim, dev string, timeout time.Duration) *modbus.ModbusClient {
 	t.Helper()
-	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "tcp://" + s.ModbusAddr(), Timeout: timeout})
+	return mbClientAt(t, "tcp://"+s.ModbusAddr(), s, dev, timeout)
+}
+
+// mbClientAt is mbClient to url (tcp:// or rtuovertcp://).
+func mbClientAt(t *testing.T, url string, s *sim.Sim, dev string, timeout time.Duration) *modbus.ModbusClient {
+	t.Helper()
+	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: url, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,10 +160,39 @@ func TestModbusRegisterMap(t *testing.T) {
 	}
 }
 
-// Each Modbus fault happens, and does to the hardware what it says: a
-// test's proof for the agent's fault tests.
+// Each Modbus fault happens, and does to the hardware what it says, over
+// Modbus TCP and over RTU-over-TCP alike: a test's proof for the agent's
+// fault tests.
 func TestModbusFaults(t *testing.T) {
-	s := startModbus(t, sim.Options{Devices: devices})
+	for _, tr := range []struct {
+		name  string
+		start func(*testing.T, *sim.Sim) string // starts the listener, returns the client's URL
+	}{
+		{"tcp", func(t *testing.T, s *sim.Sim) string {
+			if err := s.StartModbus("127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+			return "tcp://" + s.ModbusAddr()
+		}},
+		{"rtuovertcp", func(t *testing.T, s *sim.Sim) string {
+			if err := s.StartModbusRTU("127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+			return "rtuovertcp://" + s.ModbusRTUAddr()
+		}},
+	} {
+		t.Run(tr.name, func(t *testing.T) {
+			s := sim.StartForTestWith(t, sim.Options{Devices: devices}, "")
+			modbusFaults(t, s, tr.start(t, s))
+		})
+	}
+}
+
+func modbusFaults(t *testing.T, s *sim.Sim, url string) {
+	mbClient := func(t *testing.T, s *sim.Sim, dev string, timeout time.Duration) *modbus.ModbusClient {
+		t.Helper()
+		return mbClientAt(t, url, s, dev, timeout)
+	}
 	read := mbClient(t, s, "pump-7", 2*time.Second)
 	rpm := func() uint16 {
 		t.Helper()

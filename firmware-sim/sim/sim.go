@@ -75,8 +75,10 @@ type Sim struct {
 	ln            net.Listener
 	mb            *modbus.ModbusServer // StartModbus
 	mbAddr        string
-	units         map[uint8]*device // by Modbus unit ID; fixed by New
-	handlers      sync.WaitGroup    // requests being served; Close waits for them
+	rtu           *rtuServer           // StartModbusRTU
+	rtuBackend    *modbus.ModbusServer // StartModbusRTU's private Modbus TCP server
+	units         map[uint8]*device    // by Modbus unit ID; fixed by New
+	handlers      sync.WaitGroup       // requests being served; Close waits for them
 }
 
 type device struct {
@@ -320,10 +322,14 @@ func (s *Sim) Close() error {
 	}
 	s.closed = true
 	close(s.closing)
-	srv, mb := s.srv, s.mb
+	srv, mb, rtu, rtuBackend := s.srv, s.mb, s.rtu, s.rtuBackend
 	s.mu.Unlock()
 	if mb != nil {
 		mb.Stop() // closes the listener and every connection; held handlers see closing
+	}
+	if rtu != nil {
+		rtuBackend.Stop()
+		rtu.close()
 	}
 
 	var errs []error

@@ -66,6 +66,11 @@ const (
 	DefaultModbusUnitID  = 1
 	MaxModbusSettle      = time.Minute
 	MaxModbusPoints      = 32 // writes of one action, and state points
+	// MinModbusRTUTimeout is the shortest timeout of an rtuovertcp://
+	// device: the library paces each RTU request as on a 19200 bps serial
+	// line (about 9 ms a request, BenchmarkModbusApply), so a shorter
+	// one would end every write unknown.
+	MinModbusRTUTimeout = 20 * time.Millisecond
 )
 
 // ModbusTypes are the register types; Words says how many registers each
@@ -153,6 +158,9 @@ func (dr *Driver) checkModbus(p *problems, key string) {
 		if host, port, err := net.SplitHostPort(hostport); err != nil || host == "" || !validPort(port) {
 			p.add(k+".url", "%q: want %s://host:port (e.g. %s://10.0.0.7:502)", dr.URL, scheme, scheme)
 		}
+	}
+	if scheme == "rtuovertcp" && dr.Timeout.D() < MinModbusRTUTimeout {
+		p.add(k+".timeout", "%v is too short for rtuovertcp://: the library paces each RTU request as on a 19200 bps serial line (about 9 ms); at least %v", dr.Timeout.D(), MinModbusRTUTimeout)
 	}
 	if *dr.Retries != 0 {
 		p.add(k+".retries", "only with kind: http (a Modbus write has no key, so it is never tried twice)")

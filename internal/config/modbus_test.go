@@ -83,6 +83,7 @@ func TestModbusErrorsNameTheKey(t *testing.T) {
 	for _, tc := range []struct{ name, driver, want string }{
 		{"http url", `{kind: modbus, url: "http://x", ` + ok + `}`, `devices[0] (p).driver.url: "http://x": want tcp://`},
 		{"no port", `{kind: modbus, url: "tcp://x", ` + ok + `}`, `devices[0] (p).driver.url: "tcp://x": want tcp://host:port`},
+		{"rtu timeout", `{kind: modbus, url: "rtuovertcp://x:502", timeout: 10ms, ` + ok + `}`, `devices[0] (p).driver.timeout: 10ms is too short for rtuovertcp://`},
 		{"unit 0", `{kind: modbus, url: "tcp://x:502", unit_id: 0, ` + ok + `}`, `devices[0] (p).driver.unit_id: 0`},
 		{"verify", `{kind: modbus, url: "tcp://x:502", verify: crc, ` + ok + `}`, `devices[0] (p).driver.verify: "crc"`},
 		{"settle without readback", `{kind: modbus, url: "tcp://x:502", settle: 1s, ` + ok + `}`, `devices[0] (p).driver.settle: only with verify: readback`},
