@@ -127,7 +127,7 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 	case notUnknown:
 		return wire.Result{}, fmt.Errorf("%w: %s/%s", ErrNotUnknown, dev, op)
 	}
-	a.ended(rt, &o, dec, d, moved, true)
+	a.ended(rt, &o, dec, d, moved)
 	select {
 	case rt.w.resolve <- struct{}{}:
 	default:

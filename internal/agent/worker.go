@@ -400,13 +400,13 @@ func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 		if err := a.pendTx(tx, o, &d, raise); err != nil {
 			return err
 		}
+		if wasUnknown {
+			tx.OnCommit(func() { a.held.Add(-1) })
+		}
 		return tx.PutOp(*o)
 	})
 	if err != nil {
 		return err
-	}
-	if wasUnknown {
-		a.held.Add(-1)
 	}
 	a.fenceKnown(rt, o.Device, d)
 	return nil
@@ -479,6 +479,9 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusUnknown, wire.CodeOutcomeUnknown, reason, a.now().UTC()
 	rt := a.devs[o.Device]
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
+		// Counted before the unknown Result is handed to the publisher
+		// (the hooks run in order), so whoever sees it sees the count.
+		tx.OnCommit(func() { a.held.Add(1) })
 		if !first {
 			return tx.PutOp(*o)
 		}
@@ -487,7 +490,6 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 	if err != nil {
 		return err
 	}
-	a.held.Add(1)
 	if first {
 		a.m.unknowns.Inc()
 		a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
@@ -569,7 +571,6 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 	a := w.a
 	var d store.Device
 	var moved bool
-	wasUnknown := o.Status == store.OpUnknown
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		d, moved, err = a.endTx(tx, o, dec, state)
@@ -579,18 +580,14 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 		return err
 	}
 	failpoint.Hit(failpoint.AfterOutcome, o.OpID)
-	a.ended(rt, o, dec, d, moved, wasUnknown)
+	a.ended(rt, o, dec, d, moved)
 	return nil
 }
 
 // ended updates memory, metrics, the log and the retained state after an
-// outcome's commit (o as endTx left it; wasUnknown: o was recorded unknown
-// before).
-func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, moved, wasUnknown bool) {
+// outcome's commit (o as endTx left it).
+func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, moved bool) {
 	rt.lastFence.Store(d.LastFence)
-	if wasUnknown {
-		a.held.Add(-1)
-	}
 	a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
 		code: dec.Code, reason: dec.Reason, took: a.now().Sub(o.ReceivedAt)})
 	if moved {
@@ -608,6 +605,11 @@ func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, move
 // the inbox entry goes (recordOutcome). moved reports whether the device's
 // record changed in a way its DeviceState shows.
 func (a *Agent) endTx(tx *store.Tx, o *store.Op, dec Decision, state json.RawMessage) (d store.Device, moved bool, err error) {
+	if o.Status == store.OpUnknown {
+		// No longer held: counted before the final Result is handed to
+		// the publisher (the hooks run in order).
+		tx.OnCommit(func() { a.held.Add(-1) })
+	}
 	now := a.now().UTC()
 	if d, _, err = tx.Device(o.Device); err != nil {
 		return d, false, err
