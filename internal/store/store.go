@@ -412,8 +412,10 @@ func (s *Store) markFailed(err error) {
 	s.failed = err
 	s.later = nil
 	s.mu.Unlock()
-	close(s.failedCh)
+	// Logged before Failed is closed: whoever acts on it (the process
+	// exits 1 at once) must not lose the line that says why.
 	s.log.Error("store: commit failed; stopping (invariant 5: nothing more is sent, published or acknowledged)", "err", err)
+	close(s.failedCh)
 }
 
 func (s *Store) drain(err error) {
