@@ -15,10 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	paho "github.com/eclipse/paho.mqtt.golang"
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/edge-agent/edge-agent/internal/mqtt"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -439,31 +437,11 @@ func waitReady(admin string, within time.Duration) error {
 func drive(broker string, n, total int, tag string) error {
 	run := fmt.Sprintf("%s-%d", tag, time.Now().UnixNano())
 	reply := "bench/reply/" + run
-	var mu sync.Mutex
-	waiting := map[string]chan struct{}{}
-	o := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-bench-fp-" + run).SetCleanSession(true).
-		SetCustomOpenConnectionFn(mqtt.OpenConnection).
-		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
-			var r wire.Result
-			if json.Unmarshal(m.Payload(), &r) != nil || r.Status == wire.StatusUnknown {
-				return
-			}
-			mu.Lock()
-			ch := waiting[r.OpID]
-			delete(waiting, r.OpID)
-			mu.Unlock()
-			if ch != nil {
-				close(ch)
-			}
-		})
-	c := paho.NewClient(o)
-	if tk := c.Connect(); !tk.WaitTimeout(10*time.Second) || tk.Error() != nil {
-		return fmt.Errorf("controller connect: %v", tk.Error())
+	ctl, err := dialControllers(broker, "edge-bench-fp-"+run, reply, 10*time.Second)
+	if err != nil {
+		return err
 	}
-	defer c.Disconnect(100)
-	if tk := c.Subscribe(reply, 1, nil); !tk.WaitTimeout(10*time.Second) || tk.Error() != nil {
-		return fmt.Errorf("controller subscribe: %v", tk.Error())
-	}
+	defer ctl.close()
 	var next atomic.Int64
 	var failed atomic.Int64
 	var wg sync.WaitGroup
@@ -476,14 +454,7 @@ func drive(broker string, n, total int, tag string) error {
 				op := fmt.Sprintf("%s-%d-%d", run, d, i)
 				b, _ := json.Marshal(wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply,
 					Params: json.RawMessage(fmt.Sprintf(`{"seq":%d,"pad":"%s"}`, i, strings.Repeat("x", 120)))})
-				done := make(chan struct{})
-				mu.Lock()
-				waiting[op] = done
-				mu.Unlock()
-				c.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
-				select {
-				case <-done:
-				case <-time.After(60 * time.Second):
+				if !ctl.send(op, wire.CmdTopic(wire.DefaultPrefix, gw, dev), b, 60*time.Second) {
 					failed.Add(1)
 					return
 				}

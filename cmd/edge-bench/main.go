@@ -642,33 +642,12 @@ func measure(broker string, n int, dur time.Duration, t target) (stats, error) {
 // generate runs n closed-loop controllers against the target for dur.
 func generate(broker string, n int, dur time.Duration, t target, m *cpuMeter) (stats, error) {
 	run := time.Now().UnixNano()
-	var mu sync.Mutex
-	waiting := map[string]chan struct{}{}
 	reply := fmt.Sprintf("bench/reply/%d", run)
-	o := paho.NewClientOptions().AddBroker(broker).SetClientID(fmt.Sprintf("edge-bench-ctl-%d", run)).SetCleanSession(true).
-		SetMaxResumePubInFlight(1024).
-		SetCustomOpenConnectionFn(mqtt.OpenConnection).
-		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
-			var r wire.Result
-			if json.Unmarshal(m.Payload(), &r) != nil || r.Status == wire.StatusUnknown {
-				return
-			}
-			mu.Lock()
-			ch := waiting[r.OpID]
-			delete(waiting, r.OpID)
-			mu.Unlock()
-			if ch != nil {
-				close(ch)
-			}
-		})
-	cl := paho.NewClient(o)
-	if tk := cl.Connect(); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
-		return stats{}, fmt.Errorf("controller connect: %v", tk.Error())
+	ctl, err := dialControllers(broker, fmt.Sprintf("edge-bench-ctl-%d", run), reply, 5*time.Second)
+	if err != nil {
+		return stats{}, err
 	}
-	defer cl.Disconnect(100)
-	if tk := cl.Subscribe(reply, 1, nil); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
-		return stats{}, fmt.Errorf("controller subscribe: %v", tk.Error())
-	}
+	defer ctl.close()
 	var (
 		lat   = make([][]time.Duration, n)
 		fails atomic.Int64
@@ -702,15 +681,8 @@ func generate(broker string, n int, dur time.Duration, t target, m *cpuMeter) (s
 					// is what the comparison is about.
 					b, _ = jws.Sign(benchKey, "bench", b)
 				}
-				done := make(chan struct{})
-				mu.Lock()
-				waiting[op] = done
-				mu.Unlock()
 				start := time.Now()
-				cl.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
-				select {
-				case <-done:
-				case <-time.After(30 * time.Second):
+				if !ctl.send(op, wire.CmdTopic(wire.DefaultPrefix, gw, dev), b, 30*time.Second) {
 					fails.Add(1)
 					return
 				}

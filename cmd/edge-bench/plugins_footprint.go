@@ -33,10 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	paho "github.com/eclipse/paho.mqtt.golang"
-
 	"github.com/edge-agent/edge-agent/configs"
-	"github.com/edge-agent/edge-agent/internal/mqtt"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -420,32 +417,12 @@ var policyDevices = []struct {
 // sendPolicyCommands sends n commands over the six devices, each device's
 // controller keeping one in flight, and waits for every final Result.
 func sendPolicyCommands(broker, gateway string, n int, run string) (time.Duration, error) {
-	var mu sync.Mutex
-	waiting := map[string]chan struct{}{}
 	reply := "bench/fp/" + run
-	o := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-bench-fp-ctl-" + run).SetCleanSession(true).
-		SetCustomOpenConnectionFn(mqtt.OpenConnection).
-		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
-			var r wire.Result
-			if json.Unmarshal(m.Payload(), &r) != nil || r.Status == wire.StatusUnknown {
-				return
-			}
-			mu.Lock()
-			ch := waiting[r.OpID]
-			delete(waiting, r.OpID)
-			mu.Unlock()
-			if ch != nil {
-				close(ch)
-			}
-		})
-	cl := paho.NewClient(o)
-	if tk := cl.Connect(); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
-		return 0, fmt.Errorf("controller connect: %v", tk.Error())
+	ctl, err := dialControllers(broker, "edge-bench-fp-ctl-"+run, reply, 5*time.Second)
+	if err != nil {
+		return 0, err
 	}
-	defer cl.Disconnect(100)
-	if tk := cl.Subscribe(reply, 1, nil); !tk.WaitTimeout(5*time.Second) || tk.Error() != nil {
-		return 0, fmt.Errorf("controller subscribe: %v", tk.Error())
-	}
+	defer ctl.close()
 	var next atomic.Int64
 	var fails atomic.Int64
 	var wg sync.WaitGroup
@@ -466,14 +443,7 @@ func sendPolicyCommands(broker, gateway string, n int, run string) (time.Duratio
 					c.Params = json.RawMessage(params)
 				}
 				b, _ := json.Marshal(c)
-				done := make(chan struct{})
-				mu.Lock()
-				waiting[op] = done
-				mu.Unlock()
-				cl.Publish(wire.CmdTopic(wire.DefaultPrefix, gateway, d.id), 1, false, b)
-				select {
-				case <-done:
-				case <-time.After(30 * time.Second):
+				if !ctl.send(op, wire.CmdTopic(wire.DefaultPrefix, gateway, d.id), b, 30*time.Second) {
 					fails.Add(1)
 					return
 				}
