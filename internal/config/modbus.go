@@ -1,7 +1,6 @@
 package config
 
 import (
-	"fmt"
 	"math"
 	"net"
 	"regexp"
@@ -10,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/device"
 
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -259,7 +260,7 @@ func (dr *Driver) checkModbusAction(p *problems, k, name string, a *ModbusAction
 			case a.Coil != nil:
 				p.add(k+".value", "%v: a coil takes true or false", v)
 			case a.Register != nil && a.Scale != nil && *a.Scale != 0:
-				if err := FitsModbus(a.Type, f / *a.Scale); err != nil {
+				if err := device.FitsModbus(a.Type, f / *a.Scale); err != nil {
 					p.add(k+".value", "%v: %v", v, err)
 				}
 			}
@@ -319,41 +320,6 @@ func (pt *ModbusPoint) addresses() []string {
 		out = append(out, "register "+strconv.Itoa(*pt.Register+1))
 	}
 	return out
-}
-
-// FitsModbus reports whether the raw value v (the engineering value
-// divided by the point's scale) can be written as typ: an integer type
-// needs an integral value within its range, float32 a finite value within
-// its range.
-func FitsModbus(typ string, v float64) error {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return fmt.Errorf("not a finite number")
-	}
-	lo, hi := 0.0, 0.0
-	switch typ {
-	case "uint16":
-		hi = math.MaxUint16
-	case "int16":
-		lo, hi = math.MinInt16, math.MaxInt16
-	case "uint32":
-		hi = math.MaxUint32
-	case "int32":
-		lo, hi = math.MinInt32, math.MaxInt32
-	case "float32":
-		if math.Abs(v) > math.MaxFloat32 {
-			return fmt.Errorf("%v does not fit a float32", v)
-		}
-		return nil
-	default:
-		return fmt.Errorf("unknown type %q", typ)
-	}
-	if v != math.Trunc(v) {
-		return fmt.Errorf("%v is not an integer, which a %s register needs", v, typ)
-	}
-	if v < lo || v > hi {
-		return fmt.Errorf("%v is out of the %s range %v..%v", v, typ, lo, hi)
-	}
-	return nil
 }
 
 func number(v any) (float64, bool) {

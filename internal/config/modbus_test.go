@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/device"
+
 	"github.com/edge-agent/edge-agent/configs"
 )
 
@@ -127,8 +129,8 @@ func TestFitsModbus(t *testing.T) {
 		{"int32", -2147483648, true}, {"int32", 2147483648, false},
 		{"float32", 1.5, true}, {"float32", 1e39, false},
 	} {
-		if err := FitsModbus(tc.typ, tc.v); (err == nil) != tc.ok {
-			t.Errorf("FitsModbus(%s, %v) = %v, want ok %v", tc.typ, tc.v, err, tc.ok)
+		if err := device.FitsModbus(tc.typ, tc.v); (err == nil) != tc.ok {
+			t.Errorf("device.FitsModbus(%s, %v) = %v, want ok %v", tc.typ, tc.v, err, tc.ok)
 		}
 	}
 }

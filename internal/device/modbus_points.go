@@ -97,10 +97,12 @@ func (r raw) json(p ModbusPoint) any {
 	return r.words
 }
 
-// fitRaw checks that the raw value v can be written as typ: an integer
-// type needs an integral value within its range, float32 a finite one
-// within its range.
-func fitRaw(typ string, v float64) error {
+// FitsModbus checks that the raw value v (an engineering value divided by
+// its point's scale) can be written as typ: an integer type needs an
+// integral value within its range, float32 a finite one within its range.
+// The driver applies it before anything is sent; the configuration check
+// applies it to the fixed values of actions.
+func FitsModbus(typ string, v float64) error {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return fmt.Errorf("not a finite number")
 	}
@@ -119,6 +121,8 @@ func fitRaw(typ string, v float64) error {
 			return fmt.Errorf("%v does not fit a float32", v)
 		}
 		return nil
+	default:
+		return fmt.Errorf("unknown type %q", typ)
 	}
 	if v != math.Trunc(v) {
 		return fmt.Errorf("%v is not an integer, which a %s register needs", v, typ)
@@ -155,7 +159,7 @@ func (p ModbusPoint) encode(v json.RawMessage) (raw, error) {
 
 func (p ModbusPoint) encodeFloat(f float64) (raw, error) {
 	r := f / p.scale()
-	if err := fitRaw(p.typ(), r); err != nil {
+	if err := FitsModbus(p.typ(), r); err != nil {
 		if p.scale() != 1 {
 			return raw{}, fmt.Errorf("%v / scale %v: %v (%s)", f, p.scale(), err, p.label())
 		}
