@@ -238,8 +238,8 @@ func TestAttack2RecoveredWriteHeldSilentlyWhileDeviceCannotBeAsked(t *testing.T)
 	})
 	e.startProc("EDGE_AGENT_CRASH=after_write:op-1")
 	e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
-	if code := e.waitExit(20 * time.Second); code != -1 {
-		t.Fatalf("agent exited %d, want killed at the crash point", code)
+	if code := e.waitExit(20 * time.Second); code != -1 || !strings.Contains(e.log(), "SIGKILL at crash point") {
+		t.Fatalf("agent exited %d, want killed at the crash point:\n%s", code, e.log())
 	}
 	if got := strings.Join(e.journalOps(), ","); got != "op-1" {
 		t.Fatalf("journal %q: the write did not happen before the crash", got)
@@ -358,8 +358,8 @@ func TestAttack2RegroupedHeldWriteCannotBeResolved(t *testing.T) {
 	e.send("a", cmd("a-1", 1, "set", `{"rpm":100}`))
 	want(t, e.result("a-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
 	e.send("b", cmd("b-1", 1, "set", `{"rpm":100}`))
-	if code := e.waitExit(20 * time.Second); code != -1 {
-		t.Fatalf("agent exited %d, want killed at the crash point", code)
+	if code := e.waitExit(20 * time.Second); code != -1 || !strings.Contains(e.log(), "SIGKILL at crash point") {
+		t.Fatalf("agent exited %d, want killed at the crash point:\n%s", code, e.log())
 	}
 
 	e.devs[0].group, e.devs[1].group = "g", "g"

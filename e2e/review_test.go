@@ -126,6 +126,9 @@ func TestRecoveryRoutesByTheDevicesCurrentWorker(t *testing.T) {
 	setFaults(t, e.sim, sim.Faults{Device: "b", Hang: true})
 	e.send("b", cmd("b-1", 1, "set", `{"rpm":100}`))
 	want(t, e.result("b-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
+	if e.sim.Injected().Held == 0 {
+		t.Fatal("no apply was held: the fault did not happen")
+	}
 	e.stop()
 	setFaults(t, e.sim, sim.Faults{})
 
@@ -164,6 +167,9 @@ func TestRecoveryOfARemovedDevice(t *testing.T) {
 	setFaults(t, e.sim, sim.Faults{Device: "a", Hang: true})
 	e.send("a", cmd("a-1", 1, "set", `{"rpm":100}`))
 	want(t, e.result("a-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
+	if e.sim.Injected().Held == 0 {
+		t.Fatal("no apply was held: the fault did not happen")
+	}
 	e.send("b", cmd("b-1", 1, "set", `{"rpm":100}`))
 	testkit.Eventually(t, 10*time.Second, "b-1 queued in the group", func() bool {
 		_, body := e.admin("/v1/devices/b")
@@ -218,8 +224,11 @@ func TestRecoveryOfTwoUnresolvedWritesInANewGroup(t *testing.T) {
 	e.send("b", cmd("b-1", 1, "set", `{"rpm":100}`))
 	want(t, e.result("b-1", 1), wire.StatusUnknown, wire.CodeOutcomeUnknown)
 	e.send("a", cmd("a-1", 1, "set", `{"rpm":100}`))
-	if code := e.waitExit(20 * time.Second); code != -1 {
-		t.Fatalf("agent exited %d, want killed at the crash point", code)
+	if code := e.waitExit(20 * time.Second); code != -1 || !strings.Contains(e.log(), "SIGKILL at crash point after_write op_id a-1") {
+		t.Fatalf("agent exited %d, want killed at the crash point:\n%s", code, e.log())
+	}
+	if e.sim.Injected().Held == 0 {
+		t.Fatal("no apply was held: the fault did not happen")
 	}
 	setFaults(t, e.sim, sim.Faults{})
 
@@ -252,8 +261,8 @@ func TestRecoveredWriteThatEndsUnknownIsPublished(t *testing.T) {
 	e := newEnv(t, pump("pump-7"))
 	e.startProc("EDGE_AGENT_CRASH=after_pending:op-1")
 	e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
-	if code := e.waitExit(20 * time.Second); code != -1 {
-		t.Fatalf("agent exited %d, want killed at the crash point", code)
+	if code := e.waitExit(20 * time.Second); code != -1 || !strings.Contains(e.log(), "SIGKILL at crash point") {
+		t.Fatalf("agent exited %d, want killed at the crash point:\n%s", code, e.log())
 	}
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", ErrorRate: 1})
 	e.startProc()
