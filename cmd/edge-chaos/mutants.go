@@ -3,8 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -83,7 +85,7 @@ func mutantsCmd(args []string) int {
 			by[v.Check]++
 		}
 		var parts []string
-		for _, k := range sortedKeys(by) {
+		for _, k := range slices.Sorted(maps.Keys(by)) {
 			parts = append(parts, fmt.Sprintf("%s %d", k, by[k]))
 		}
 		sort.Strings(parts)

@@ -3,9 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -50,11 +51,11 @@ func report(out io.Writer, h *History, res *CheckResult, dir string) {
 		fmt.Fprintf(out, "  %-40s %6d\n", "operator_resolve (not a fault)", n)
 	}
 	fmt.Fprintf(out, "agent exits\n")
-	for _, k := range sortedKeys(exits) {
+	for _, k := range slices.Sorted(maps.Keys(exits)) {
 		fmt.Fprintf(out, "  %-40s %6d\n", k, exits[k])
 	}
 	fmt.Fprintf(out, "\noutcomes (first final Result per command)   count\n")
-	for _, k := range sortedKeys(res.Outcomes) {
+	for _, k := range slices.Sorted(maps.Keys(res.Outcomes)) {
 		fmt.Fprintf(out, "  %-40s %6d\n", k, res.Outcomes[k])
 	}
 	fmt.Fprintf(out, "\nchecks                                 violations\n")
@@ -65,7 +66,7 @@ func report(out io.Writer, h *History, res *CheckResult, dir string) {
 		}
 		fmt.Fprintf(out, "  %-40s %6d%s\n", l.Name, l.Violations, note)
 	}
-	for _, d := range sortedKeys(res.Porcupine) {
+	for _, d := range slices.Sorted(maps.Keys(res.Porcupine)) {
 		if res.Porcupine[d] != "ok" {
 			fmt.Fprintf(out, "  porcupine %s: %s\n", d, res.Porcupine[d])
 		}
@@ -97,13 +98,4 @@ func report(out io.Writer, h *History, res *CheckResult, dir string) {
 		}
 	}
 	fmt.Fprintf(out, "\nviolations: %d\n", len(res.Violations))
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

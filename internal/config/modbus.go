@@ -1,11 +1,11 @@
 package config
 
 import (
+	"maps"
 	"math"
 	"net"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -189,13 +189,13 @@ func (dr *Driver) checkModbus(p *problems, key string) {
 	if len(dr.Actions) == 0 {
 		p.add(k+".actions", "at least one action is required")
 	}
-	for _, name := range sortedKeys(dr.Actions) {
+	for _, name := range slices.Sorted(maps.Keys(dr.Actions)) {
 		dr.checkModbusAction(p, k+".actions."+name, name, dr.Actions[name])
 	}
 	if len(dr.State) > MaxModbusPoints {
 		p.add(k+".state", "%d points: at most %d", len(dr.State), MaxModbusPoints)
 	}
-	for _, name := range sortedKeys(dr.State) {
+	for _, name := range slices.Sorted(maps.Keys(dr.State)) {
 		checkPoint(p, k+".state."+name, dr.State[name])
 	}
 }
@@ -238,7 +238,7 @@ func (dr *Driver) checkModbusAction(p *problems, k, name string, a *ModbusAction
 			used[addr] = what
 		}
 	}
-	for _, param := range sortedKeys(a.Params) {
+	for _, param := range slices.Sorted(maps.Keys(a.Params)) {
 		checkPoint(p, k+".params."+param, a.Params[param])
 		claim("params."+param, a.Params[param])
 	}
@@ -339,13 +339,4 @@ func number(v any) (float64, bool) {
 func validPort(s string) bool {
 	n, err := strconv.Atoi(s)
 	return err == nil && n >= 1 && n <= 65535
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return slices.Clip(keys)
 }
