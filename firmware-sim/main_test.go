@@ -35,6 +35,18 @@ func startProcess(t *testing.T, args ...string) (*exec.Cmd, string) {
 
 func startProcessWithStderr(t *testing.T, stderr io.Writer, args ...string) (*exec.Cmd, string) {
 	t.Helper()
+	cmd, l := startLines(t, stderr, 1, args...)
+	url, ok := strings.CutPrefix(strings.TrimSpace(l[0]), "firmware-sim listening on ")
+	if !ok {
+		t.Fatalf("first stdout line = %q", l[0])
+	}
+	return cmd, url
+}
+
+// startLines runs the simulator as its own process and returns its first n
+// stdout lines (the listeners it opened, in order).
+func startLines(t *testing.T, stderr io.Writer, n int, args ...string) (*exec.Cmd, []string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
 	stdout, err := cmd.StdoutPipe()
@@ -49,23 +61,45 @@ func startProcessWithStderr(t *testing.T, stderr io.Writer, args ...string) (*ex
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	lines := make(chan string, 1)
+	lines := make(chan []string, 1)
 	go func() {
-		l, _ := bufio.NewReader(stdout).ReadString('\n')
+		r := bufio.NewReader(stdout)
+		var l []string
+		for range n {
+			s, _ := r.ReadString('\n')
+			l = append(l, s)
+		}
 		lines <- l
 		io.Copy(io.Discard, stdout)
 	}()
 	select {
 	case l := <-lines:
-		url, ok := strings.CutPrefix(strings.TrimSpace(l), "firmware-sim listening on ")
-		if !ok {
-			t.Fatalf("first stdout line = %q", l)
-		}
-		return cmd, url
-	case <-time.After(10 * time.Second):
-		t.Fatal("firmware-sim did not start")
+		return cmd, l
+	case <-time.After(30 * time.Second):
+		t.Fatalf("firmware-sim printed no %d stdout lines within 30s", n)
 	}
-	return nil, ""
+	return nil, nil
+}
+
+// writeReadValve writes register 0 of unit 7 over Modbus at url and reads
+// it back.
+func writeReadValve(t *testing.T, url string) {
+	t.Helper()
+	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: url, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Open(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetUnitId(7)
+	if err := c.WriteRegister(0, 55); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.ReadRegister(0, modbus.HOLDING_REGISTER); err != nil || v != 55 {
+		t.Fatalf("valve register 0 = %d, %v", v, err)
+	}
 }
 
 func post(t *testing.T, url, key, body string) (int, string) {
@@ -198,111 +232,26 @@ func TestParseDevices(t *testing.T) {
 // TestModbusFlag: --modbus serves the devices over Modbus TCP, and the
 // second stdout line says where and which unit each device is.
 func TestModbusFlag(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "--listen", "127.0.0.1:0", "--modbus", "127.0.0.1:0", "--devices", "p:pump,v:valve:7", "--log-level", "warn")
-	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	lines := make(chan []string, 1)
-	go func() {
-		r := bufio.NewReader(stdout)
-		a, _ := r.ReadString('\n')
-		b, _ := r.ReadString('\n')
-		lines <- []string{a, b}
-		io.Copy(io.Discard, stdout)
-	}()
-	var l []string
-	select {
-	case l = <-lines:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no stdout lines within 30s")
-	}
+	_, l := startLines(t, os.Stderr, 2, "--listen", "127.0.0.1:0", "--modbus", "127.0.0.1:0", "--devices", "p:pump,v:valve:7", "--log-level", "warn")
 	rest, ok := strings.CutPrefix(strings.TrimSpace(l[1]), "firmware-sim modbus on ")
 	addr, units, ok2 := strings.Cut(rest, " units ")
 	if !ok || !ok2 || units != "p=1,v=7" {
 		t.Fatalf("second stdout line = %q", l[1])
 	}
-	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "tcp://" + addr, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Open(); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetUnitId(7)
-	if err := c.WriteRegister(0, 55); err != nil {
-		t.Fatal(err)
-	}
-	if v, err := c.ReadRegister(0, modbus.HOLDING_REGISTER); err != nil || v != 55 {
-		t.Fatalf("valve register 0 = %d, %v", v, err)
-	}
+	writeReadValve(t, "tcp://"+addr)
 }
 
 // TestModbusRTUFlag: --modbus-rtu serves the devices over Modbus
 // RTU-over-TCP, and its stdout line (after --modbus's) says where and which
 // unit each device is.
 func TestModbusRTUFlag(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "--listen", "127.0.0.1:0", "--modbus", "127.0.0.1:0", "--modbus-rtu", "127.0.0.1:0", "--devices", "p:pump,v:valve:7", "--log-level", "warn")
-	cmd.Env = append(os.Environ(), "FIRMWARE_SIM_MAIN=1")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	lines := make(chan []string, 1)
-	go func() {
-		r := bufio.NewReader(stdout)
-		var l []string
-		for range 3 {
-			s, _ := r.ReadString('\n')
-			l = append(l, s)
-		}
-		lines <- l
-		io.Copy(io.Discard, stdout)
-	}()
-	var l []string
-	select {
-	case l = <-lines:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no stdout lines within 30s")
-	}
+	_, l := startLines(t, os.Stderr, 3, "--listen", "127.0.0.1:0", "--modbus", "127.0.0.1:0", "--modbus-rtu", "127.0.0.1:0", "--devices", "p:pump,v:valve:7", "--log-level", "warn")
 	rest, ok := strings.CutPrefix(strings.TrimSpace(l[2]), "firmware-sim modbus-rtu on ")
 	addr, units, ok2 := strings.Cut(rest, " units ")
 	if !ok || !ok2 || units != "p=1,v=7" || !strings.HasPrefix(l[1], "firmware-sim modbus on ") {
 		t.Fatalf("stdout lines = %q", l)
 	}
-	c, err := modbus.NewClient(&modbus.ClientConfiguration{URL: "rtuovertcp://" + addr, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Open(); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetUnitId(7)
-	if err := c.WriteRegister(0, 55); err != nil {
-		t.Fatal(err)
-	}
-	if v, err := c.ReadRegister(0, modbus.HOLDING_REGISTER); err != nil || v != 55 {
-		t.Fatalf("valve register 0 = %d, %v", v, err)
-	}
+	writeReadValve(t, "rtuovertcp://"+addr)
 }
 
 // --version prints version, commit, build date, Go version and OS/arch and
