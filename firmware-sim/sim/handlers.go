@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 )
@@ -213,42 +214,63 @@ func (s *Sim) apply(d *device, key string, fence int64, opID, action string, par
 		return mine.code, mine.answer
 	}
 	e := Entry{Seq: s.seq + 1, Device: d.id, OpID: opID, Key: key, Fence: fence, Action: action, Params: params, At: time.Now().UTC()}
-	// Lines are written under mu, so the file is in seq order and each
-	// fsync also covers every line written before it.
+	jfile, err := s.appendLocked(d, next, e)
+	if err != nil {
+		s.abandonLocked(d, key, mine)
+		s.mu.Unlock()
+		s.log.Error("journal append failed: applying nothing more", "err", err)
+		return http.StatusInternalServerError, errorAnswer("not applied: journal append failed: %v", err)
+	}
+	st := next.JSON()
+	mine.code, mine.answer, mine.state = http.StatusOK, applyAnswer(st), st
+	s.mu.Unlock()
+
+	syncErr := s.syncJournal(jfile)
+	s.mu.Lock()
+	mine.status = opApplied
+	close(mine.done)
+	s.mu.Unlock()
+	if syncErr != nil {
+		return http.StatusInternalServerError, errorAnswer("applied, but the journal fsync failed: %v", syncErr)
+	}
+	s.log.Info("applied", "device", d.id, "key", key, "op_id", opID, "fence", fence, "action", action, "seq", e.Seq, "state", st)
+	return mine.code, mine.answer
+}
+
+// appendLocked journals e (d's write taking it to next) and applies it:
+// the line is written under mu, so the file is in seq order and each fsync
+// also covers every line written before it. A failed write applies
+// nothing and leaves the simulator broken. It returns the journal file to
+// fsync (nil when there is none), which syncJournal does outside mu.
+func (s *Sim) appendLocked(d *device, next state, e Entry) (*os.File, error) {
 	if s.jfile != nil {
 		if _, err := s.jfile.Write(line(e)); err != nil {
 			s.broken = fmt.Errorf("journal append failed: %w", err)
-			s.abandonLocked(d, key, mine)
-			s.mu.Unlock()
-			s.log.Error("journal append failed: applying nothing more", "err", err)
-			return http.StatusInternalServerError, errorAnswer("not applied: journal append failed: %v", err)
+			return nil, err
 		}
 	}
 	s.seq = e.Seq
 	d.state = next
 	s.journal = append(s.journal, e)
-	st := next.JSON()
-	mine.code, mine.answer, mine.state = http.StatusOK, applyAnswer(st), st
-	jfile := s.jfile
-	s.mu.Unlock()
+	return s.jfile, nil
+}
 
-	var syncErr error
-	if jfile != nil {
-		syncErr = jfile.Sync()
+// syncJournal fsyncs f (nil: nothing to do); a failed fsync leaves the
+// simulator broken, applying nothing more.
+func (s *Sim) syncJournal(f *os.File) error {
+	if f == nil {
+		return nil
 	}
-	s.mu.Lock()
-	mine.status = opApplied
-	close(mine.done)
-	if syncErr != nil && s.broken == nil {
-		s.broken = fmt.Errorf("journal fsync failed: %w", syncErr)
+	err := f.Sync()
+	if err != nil {
+		s.mu.Lock()
+		if s.broken == nil {
+			s.broken = fmt.Errorf("journal fsync failed: %w", err)
+		}
+		s.mu.Unlock()
+		s.log.Error("journal fsync failed: applying nothing more", "err", err)
 	}
-	s.mu.Unlock()
-	if syncErr != nil {
-		s.log.Error("journal fsync failed: applying nothing more", "err", syncErr)
-		return http.StatusInternalServerError, errorAnswer("applied, but the journal fsync failed: %v", syncErr)
-	}
-	s.log.Info("applied", "device", d.id, "key", key, "op_id", opID, "fence", fence, "action", action, "seq", e.Seq, "state", st)
-	return mine.code, mine.answer
+	return err
 }
 
 // abandon gives up the pending op mine (nil: nothing to do) unapplied:

@@ -472,28 +472,14 @@ func (s *Sim) applyModbus(d *device, w ModbusWrite) error {
 	}
 	params := mustJSON(members)
 	e := Entry{Seq: s.seq + 1, Device: d.id, Action: action, Params: params, Modbus: &w, At: time.Now().UTC()}
-	if s.jfile != nil {
-		if _, err := s.jfile.Write(line(e)); err != nil {
-			s.broken = fmt.Errorf("journal append failed: %w", err)
-			s.mu.Unlock()
-			s.log.Error("journal append failed: applying nothing more", "err", err)
-			return modbus.ErrServerDeviceFailure
-		}
-	}
-	s.seq = e.Seq
-	d.state = next
-	s.journal = append(s.journal, e)
-	jfile := s.jfile
+	jfile, err := s.appendLocked(d, next, e)
 	s.mu.Unlock()
-	if jfile != nil {
-		if err := jfile.Sync(); err != nil {
-			s.mu.Lock()
-			if s.broken == nil {
-				s.broken = fmt.Errorf("journal fsync failed: %w", err)
-			}
-			s.mu.Unlock()
-			return modbus.ErrServerDeviceFailure
-		}
+	if err != nil {
+		s.log.Error("journal append failed: applying nothing more", "err", err)
+		return modbus.ErrServerDeviceFailure
+	}
+	if s.syncJournal(jfile) != nil {
+		return modbus.ErrServerDeviceFailure
 	}
 	s.log.Info("applied (modbus)", "device", d.id, "unit", w.Unit, "action", action, "params", string(params), "seq", e.Seq)
 	return nil
