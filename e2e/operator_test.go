@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/agent"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/wire"
@@ -181,7 +182,7 @@ func TestOperatorViews(t *testing.T) {
 	if h := ops.Ops[0]; h.OpID != "v-1" || h.Device != "v" || h.Status != wire.StatusUnknown || h.Queryable == nil || *h.Queryable || h.Key == "" {
 		t.Fatalf("held write: %+v", h)
 	}
-	var st agent.GatewayStatus
+	var st admin.GatewayStatus
 	getJSON(t, base+"/v1/status", &st)
 	if st.Gateway != gw || st.Version != "e2e" || !st.MQTTConnected || !st.StoreOK || !st.Ready || st.HeldUnknown != 1 || st.UptimeS < 0 {
 		t.Fatalf("status while v-1 is held: %+v", st)

@@ -21,7 +21,7 @@ var (
 	// ErrBadRequest is returned by admin calls for a malformed query (a
 	// limit out of range, a cursor that no page gave out).
 	ErrBadRequest = errors.New("agent: bad request")
-	// ErrTooMany is returned by GET /v1/events when MaxEventClients
+	// ErrTooMany is returned by Subscribe when MaxEventClients
 	// streams are open.
 	ErrTooMany = errors.New("agent: too many event streams")
 )

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -18,15 +19,9 @@ const (
 	EventBuffer = 4096
 )
 
-// event is one SSE event: kind "result" or "state", data a JSON document.
-type event struct {
-	kind string
-	data []byte
-}
-
 // subscriber is one /v1/events stream.
 type subscriber struct {
-	ch   chan event
+	ch   chan Event
 	gone chan struct{} // closed when dropped or unsubscribed
 	once sync.Once
 }
@@ -51,7 +46,7 @@ func (h *hub) subscribe() *subscriber {
 	if h.subs == nil {
 		h.subs = map[*subscriber]struct{}{}
 	}
-	s := &subscriber{ch: make(chan event, EventBuffer), gone: make(chan struct{})}
+	s := &subscriber{ch: make(chan Event, EventBuffer), gone: make(chan struct{})}
 	h.subs[s] = struct{}{}
 	h.n.Store(int32(len(h.subs)))
 	return s
@@ -72,7 +67,7 @@ func (h *hub) publish(kind string, data []byte) {
 	if h.n.Load() == 0 {
 		return
 	}
-	e := event{kind: kind, data: data}
+	e := Event{Kind: kind, Data: data}
 	h.mu.Lock()
 	for s := range h.subs {
 		select {
@@ -86,3 +81,36 @@ func (h *hub) publish(kind string, data []byte) {
 	h.n.Store(int32(len(h.subs)))
 	h.mu.Unlock()
 }
+
+// Event is one event of the live feed: Kind "result" or "state", Data the
+// JSON document published.
+type Event struct {
+	Kind string
+	Data []byte
+}
+
+// Subscription is one reader of the live feed (GET /v1/events).
+type Subscription struct {
+	h *hub
+	s *subscriber
+}
+
+// Subscribe adds a reader of the live feed; ErrTooMany when
+// MaxEventClients are reading. Close it when done.
+func (a *Agent) Subscribe() (*Subscription, error) {
+	s := a.ev.subscribe()
+	if s == nil {
+		return nil, fmt.Errorf("%w: %d event streams are open already", ErrTooMany, MaxEventClients)
+	}
+	return &Subscription{h: &a.ev, s: s}, nil
+}
+
+// Events delivers the feed's events in order.
+func (s *Subscription) Events() <-chan Event { return s.s.ch }
+
+// Gone is closed when the reader fell EventBuffer events behind and was
+// dropped, or was closed.
+func (s *Subscription) Gone() <-chan struct{} { return s.s.gone }
+
+// Close ends the subscription.
+func (s *Subscription) Close() { s.h.unsubscribe(s.s) }

@@ -689,3 +689,19 @@ func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64, dev *s
 	tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
 	return nil
 }
+
+// mergeState merges the top-level keys of params into state (both JSON
+// objects; anything unreadable yields params alone).
+func mergeState(state, params json.RawMessage) json.RawMessage {
+	m := map[string]json.RawMessage{}
+	if len(state) > 0 && json.Unmarshal(state, &m) != nil {
+		m = map[string]json.RawMessage{}
+	}
+	var p map[string]json.RawMessage
+	if len(params) > 0 && json.Unmarshal(params, &p) == nil {
+		for k, v := range p {
+			m[k] = v
+		}
+	}
+	return mustJSON(m)
+}

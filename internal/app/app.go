@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/agent"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
@@ -194,7 +195,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.pub.set(a.mc)
 	if a.adm != nil {
-		a.handler.set(a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
+		a.handler.set(admin.Handler(a.ag, admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
 			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}))
 	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read

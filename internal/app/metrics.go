@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edge-agent/edge-agent/internal/agent"
+	"github.com/edge-agent/edge-agent/internal/admin"
 )
 
 // processMetrics are the series of the process as a whole
@@ -52,13 +52,13 @@ func (m *processMetrics) commit(updates int, took time.Duration) {
 }
 
 // plugins lists the policy plugins for GET /v1/status.
-func (a *App) plugins() []agent.PluginStatus {
+func (a *App) plugins() []admin.PluginStatus {
 	if a.host == nil {
 		return nil
 	}
-	var out []agent.PluginStatus
+	var out []admin.PluginStatus
 	for _, p := range a.host.Plugins() {
-		out = append(out, agent.PluginStatus{Name: p.Name, Devices: p.Devices, State: p.State})
+		out = append(out, admin.PluginStatus{Name: p.Name, Devices: p.Devices, State: p.State})
 	}
 	return out
 }

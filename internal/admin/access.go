@@ -1,10 +1,10 @@
-package agent
+package admin
 
 import "net/http"
 
 // The admin API's access rules (docs/protocol.md §3, added 2026-12-01). On a
 // loopback admin.listen, GETs are open and POSTs need the token when one
-// is set (AdminHandler). On any other address the token is required (the
+// is set (Handler). On any other address the token is required (the
 // configuration refuses to start without it), and every endpoint except
 // the probes and the metrics needs it: tokenGate.
 
