@@ -125,7 +125,7 @@ func (p *recPublisher) PublishAsync(_ context.Context, topic string, payload []b
 	p.mu.Unlock()
 	ch := make(chan struct{})
 	close(ch)
-	return donePending{ch}, nil
+	return donePending{ch: ch}, nil
 }
 
 // results returns the Results published for op, in publish order.
@@ -516,5 +516,39 @@ func TestOperatorResolvesAHeldWrite(t *testing.T) {
 	}
 	if _, err := r.a.History("pump-1", "x", 10); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("bad cursor: %v", err)
+	}
+}
+
+// Invariant 3: a command is acknowledged only once its admission is
+// durable: at every ack the store already holds its record.
+func TestAckAfterTheInboxCommit(t *testing.T) {
+	r := newRig(t, newFakeDriver(true))
+	const n = 50
+	var missing atomic.Int32
+	acked := make(chan struct{}, n)
+	for i := range n {
+		op := fmt.Sprintf("op-%d", i)
+		b, _ := json.Marshal(set(op, 1, i))
+		r.a.Deliver(Delivery{Topic: wire.CmdTopic(r.cfg.MQTT.TopicPrefix, testGW, "pump-1"), Payload: b, Ack: func() {
+			var ok bool
+			r.st.View(func(tx *store.Tx) error {
+				_, ok, _ = tx.Op("pump-1", op)
+				return nil
+			})
+			if !ok {
+				missing.Add(1)
+			}
+			acked <- struct{}{}
+		}})
+	}
+	for i := range n {
+		select {
+		case <-acked:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d commands acknowledged", i, n)
+		}
+	}
+	if m := missing.Load(); m > 0 {
+		t.Fatalf("%d of %d commands were acknowledged before their record was durable", m, n)
 	}
 }

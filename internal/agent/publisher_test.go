@@ -16,18 +16,24 @@ import (
 // scriptedPublisher stands in for the MQTT session where the real broker
 // cannot produce the fault on demand: PublishAsync fails for the topics
 // listed in fail (transient: once each; permanent: always, wrapping
-// ErrUnpublishable), and every accepted publish is acknowledged at once.
+// ErrUnpublishable), a publish of a topic in nackOnce is taken but its
+// acknowledgement fails (the session dropped in flight; once each), and
+// every other accepted publish is acknowledged at once.
 type scriptedPublisher struct {
 	mu        sync.Mutex
 	accepted  []string
 	failOnce  map[string]bool
 	permanent map[string]bool
+	nackOnce  map[string]bool
 }
 
-type donePending struct{ ch chan struct{} }
+type donePending struct {
+	ch  chan struct{}
+	err error
+}
 
 func (p donePending) Done() <-chan struct{} { return p.ch }
-func (p donePending) Err() error            { return nil }
+func (p donePending) Err() error            { return p.err }
 
 func (s *scriptedPublisher) PublishAsync(_ context.Context, topic string, _ []byte, _ bool) (Pending, error) {
 	s.mu.Lock()
@@ -42,7 +48,11 @@ func (s *scriptedPublisher) PublishAsync(_ context.Context, topic string, _ []by
 	s.accepted = append(s.accepted, topic)
 	ch := make(chan struct{})
 	close(ch)
-	return donePending{ch}, nil
+	if s.nackOnce[topic] {
+		delete(s.nackOnce, topic)
+		return donePending{ch, errors.New("connection lost before PUBACK")}, nil
+	}
+	return donePending{ch: ch}, nil
 }
 
 func (s *scriptedPublisher) seen() []string {
@@ -114,5 +124,20 @@ func TestPublisherDropsTheUnpublishable(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(a.m.unpublishable); n != 1 {
 		t.Fatalf("unpublishable counted %v times, want 1", n)
+	}
+}
+
+// A publish the broker took but never acknowledged (the session dropped
+// in flight) is sent again, with everything sent after it, in order; what
+// was acknowledged before it is not sent twice.
+func TestPublisherRequeuesAnUnacknowledgedPublishInOrder(t *testing.T) {
+	fake := &scriptedPublisher{nackOnce: map[string]bool{"t2": true}}
+	_, p := testPublisher(t, fake)
+	dones := queue(p, "t1", "t2", "t3")
+	p.run()
+	waitAll(t, dones)
+	want := []string{"t1", "t2", "t3", "t2", "t3"}
+	if got := fake.seen(); !slices.Equal(got, want) {
+		t.Fatalf("publishes %v, want %v", got, want)
 	}
 }
