@@ -5,9 +5,8 @@ import (
 	"testing"
 )
 
-// Issue 9: the admin token check accepted a bare token without "Bearer "
-// and refused a lowercase scheme (RFC 6750: the scheme is
-// case-insensitive).
+// The admin token needs the Bearer scheme (a bare token is refused), in
+// any case (RFC 6750: the scheme is case-insensitive).
 func TestBearer(t *testing.T) {
 	for _, tt := range []struct {
 		header string
