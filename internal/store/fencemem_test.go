@@ -50,7 +50,10 @@ func TestTakeFloor(t *testing.T) {
 		t.Fatalf("after the floor: %+v", got)
 	}
 	// A floor below last_fence leaves it: last_fence never moves back.
-	if err := s.Update(ctx, func(tx *Tx) error { _, _, err := tx.TakeFloor("pump-7", 50, "edge-agent", "restored store", now); return err }); err != nil {
+	if err := s.Update(ctx, func(tx *Tx) error {
+		_, _, err := tx.TakeFloor("pump-7", 50, "edge-agent", "restored store", now)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	s.View(func(tx *Tx) error {
