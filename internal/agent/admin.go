@@ -42,6 +42,10 @@ func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
 	if !d.UpdatedAt.IsZero() {
 		info.UpdatedAt = &d.UpdatedAt
 	}
+	info.FenceConfirmed = true
+	if a.o.Fences != nil {
+		info.FenceFloor, info.FenceConfirmed = a.o.Fences.Device(dev)
+	}
 	return info, nil
 }
 
@@ -110,7 +114,7 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 			notUnknown = true
 			return nil
 		}
-		if d, moved, err = a.endTx(tx, &o, dec, state); err != nil {
+		if d, moved, err = a.endTx(tx, &o, &dec, state); err != nil {
 			return err
 		}
 		res = resultOf(o, d.LastFence, false)
@@ -167,6 +171,9 @@ type AdminOptions struct {
 	MQTTConnected func() bool
 	// Plugins lists the policy plugins (GET /v1/status); nil means none.
 	Plugins func() []PluginStatus
+	// Coordination is GET /v1/status's "coordination" (docs/protocol.md
+	// §7); nil means {"state": "off"}.
+	Coordination func() any
 }
 
 // AdminHandler serves docs/protocol.md §3.
@@ -244,6 +251,13 @@ func (a *Agent) AdminHandler(o AdminOptions) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("GET /v1/backup", func(w http.ResponseWriter, r *http.Request) {
+		if o.Token != "" && !bearerOK(r, o.Token) {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Authorization: Bearer <admin.token> required"})
+			return
+		}
+		a.backup(w, r)
 	})
 	a.operatorRoutes(mux, o)
 	if o.OffLoopback {

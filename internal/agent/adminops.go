@@ -43,6 +43,9 @@ type GatewayStatus struct {
 	// streams.
 	HeldUnknown  int64 `json:"held_unknown"`
 	EventClients int   `json:"event_clients"`
+	// Coordination is the fence memory beyond this disk
+	// (docs/protocol.md §7).
+	Coordination any `json:"coordination"`
 }
 
 // OpEntry is one record in a device's history or in /v1/ops: the recorded
@@ -157,6 +160,10 @@ func (a *Agent) Status(o AdminOptions) GatewayStatus {
 		st.Plugins = append(st.Plugins, o.Plugins()...)
 	}
 	st.Ready = o.Ready == nil || o.Ready() == nil
+	st.Coordination = map[string]string{"state": "off"}
+	if o.Coordination != nil {
+		st.Coordination = o.Coordination()
+	}
 	return st
 }
 
@@ -347,4 +354,16 @@ func writeEvent(buf *bytes.Buffer, e event) {
 		buf.WriteByte('\n')
 	}
 	buf.WriteByte('\n')
+}
+
+// backup streams a consistent copy of the store (GET /v1/backup,
+// `edge-agent backup --admin`). The copy carries a backup mark, so a start
+// on it takes the fence floor (store.Backup, invariant 7).
+func (a *Agent) backup(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="agent.db"`)
+	note := fmt.Sprintf("online backup of gateway %s at %s", a.cfg.GatewayID, a.now().UTC().Format(time.RFC3339))
+	if _, err := a.st.Backup(r.Context(), w, note); err != nil {
+		a.log.Error("backup failed", "err", err)
+	}
 }
