@@ -309,13 +309,35 @@ func TestFenceMemoryDeviceMoved(t *testing.T) {
 	f.run()
 	g := f.lock()
 	want(t, f.cmdOp("op-a", g, "set", `{"rpm":100}`), wire.StatusApplied, wire.CodeOK)
-	cfg, _ := os.ReadFile(f.cfgPath)
-	gw2Admin := testkit.FreeAddr(t)
-	gw2 := strings.NewReplacer("gateway_id: gw-1", "gateway_id: gw-2", "client_id: edge-agent-e2e", "client_id: edge-agent-e2e-2",
-		f.dataDir, filepath.Join(t.TempDir(), "data2"), f.adminAt, gw2Admin).Replace(string(cfg))
-	path := filepath.Join(t.TempDir(), "gw2.yaml")
-	os.WriteFile(path, []byte(gw2), 0o600)
-	p := testkit.StartProc(t, testkit.ProcOptions{}, f.agent, "run", "--config", path, "--log-level", "warn")
+	gw2Admin, gw2Data := testkit.FreeAddr(t), filepath.Join(t.TempDir(), "data2")
+	// gw2 writes gw-2's configuration with devs (the harness's writer,
+	// renamed).
+	gw2 := func(devs ...devSpec) string {
+		saveDevs, savePath := f.devs, f.cfgPath
+		f.devs, f.cfgPath = devs, filepath.Join(t.TempDir(), "gw2.yaml")
+		path := f.writeConfig()
+		f.devs, f.cfgPath = saveDevs, savePath
+		b, _ := os.ReadFile(path)
+		os.WriteFile(path, []byte(strings.NewReplacer("gateway_id: gw-1", "gateway_id: gw-2", "client_id: edge-agent-e2e", "client_id: edge-agent-e2e-2",
+			f.dataDir, gw2Data, f.adminAt, gw2Admin).Replace(string(b))), 0o600)
+		return path
+	}
+	// gw-2 has run before, with another device: its store is not new.
+	p := testkit.StartProc(t, testkit.ProcOptions{}, f.agent, "run", "--config", gw2(pump("pump-9")), "--log-level", "warn")
+	testkit.Eventually(t, 20*time.Second, "gw-2 ready", func() bool {
+		resp, err := http.Get("http://" + gw2Admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	p.Signal(syscall.SIGTERM)
+	if code, ok := p.Wait(20 * time.Second); !ok || code != 0 {
+		t.Fatalf("gw-2 stop: %d\n%s", code, p.Log())
+	}
+	path := gw2(pump("pump-9"), pump("pump-7"))
+	p = testkit.StartProc(t, testkit.ProcOptions{}, f.agent, "run", "--config", path, "--log-level", "warn")
 	code, ok := p.Wait(15 * time.Second)
 	if !ok || code != 2 || !strings.Contains(p.Log(), "device pump-7 is fronted by live gateway gw-1") || !strings.Contains(p.Log(), "gateway gw-2") {
 		t.Fatalf("gw-2 while gw-1 claims pump-7: exit %d (%v)\n%s", code, ok, p.Log())
