@@ -216,10 +216,15 @@ var testHookBeforePublish func(wire.Command)
 //     resends the same command with the same op_id (the agent runs an
 //     op_id at most once and replays its outcome).
 //   - A Result with status unknown is not final: it keeps waiting.
-//   - busy: resent after a full-jitter backoff.
+//   - busy, and fence_unconfirmed (the gateway cannot yet confirm it
+//     remembers the device's fences: its floor from etcd is not taken):
+//     resent after a full-jitter backoff; neither is final.
 //   - stale_fence, or any Result whose last_fence is above the fence: the
 //     owner is moved to LOST and Send returns an error wrapping ErrLost
-//     and ErrNewerFence (with the Result).
+//     and ErrNewerFence (with the Result). What to do next: release,
+//     take the lock again (a new generation, a fence above the newer
+//     one, or above the gateway's fence floor after it forgot its
+//     fences), send a barrier (action "fence") and then the commands.
 //   - Another final Result that is not applied: (Result, *ResultError).
 //   - ctx ends first: ErrOutcomeUnknown; resend with WithOpID to learn it.
 //
@@ -347,7 +352,10 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 					s.opts.OnUnknown(r)
 				}
 				continue
-			case r.Code == wire.CodeBusy:
+			case r.Code == wire.CodeBusy, r.Code == wire.CodeFenceUnconfirmed:
+				// Neither is final: nothing happened; the same op_id is
+				// sent again after a backoff (a gateway that cannot yet
+				// confirm its fence memory answers fence_unconfirmed).
 				return r, awaitBusy, nil
 			case r.Status == wire.StatusApplied:
 				return r, awaitFinal, nil

@@ -50,6 +50,10 @@ const (
 	CodeNotApplied        Code = "not_applied"
 	CodeOutcomeUnknown    Code = "outcome_unknown"
 	CodeUnauthorized      Code = "unauthorized"
+	// CodeFenceUnconfirmed: the gateway cannot yet confirm it remembers
+	// the device's fences (docs/protocol.md §7); not recorded, not final:
+	// retry with backoff, like busy.
+	CodeFenceUnconfirmed Code = "fence_unconfirmed"
 )
 
 // StatusOf returns the status that goes with a code.
@@ -76,7 +80,7 @@ func StatusOf(c Code) Status {
 func Recorded(c Code) bool {
 	switch c {
 	case CodeUnauthorized, CodeInvalid, CodeUnknownDevice, CodeOpConflict, CodeBusy,
-		CodePolicyError, CodeDeviceUnreachable:
+		CodePolicyError, CodeDeviceUnreachable, CodeFenceUnconfirmed:
 		return false
 	}
 	return true
@@ -86,7 +90,7 @@ func Recorded(c Code) bool {
 var Codes = []Code{CodeOK, CodeInvalid, CodeUnknownDevice, CodeStaleFence,
 	CodeLockMismatch, CodeOpConflict, CodePolicyDenied, CodePolicyError,
 	CodeExpired, CodeBusy, CodeDeviceError, CodeDeviceUnreachable,
-	CodeNotApplied, CodeOutcomeUnknown, CodeUnauthorized}
+	CodeNotApplied, CodeOutcomeUnknown, CodeUnauthorized, CodeFenceUnconfirmed}
 
 // Command is what a controller publishes on a device's cmd topic.
 type Command struct {
@@ -157,4 +161,9 @@ type DeviceInfo struct {
 	QueueLimit int        `json:"queue_limit,omitempty"`
 	Queryable  bool       `json:"queryable"`
 	UpdatedAt  *time.Time `json:"updated_at,omitempty"`
+	// FenceFloor is the last fence floor taken for the device (0: none)
+	// and FenceConfirmed whether its fences are known complete
+	// (docs/protocol.md §7).
+	FenceFloor     int64 `json:"fence_floor"`
+	FenceConfirmed bool  `json:"fence_confirmed"`
 }

@@ -60,7 +60,7 @@ It refuses while the device has commands that are not final.`,
 	reset.Flags().StringVar(&dev, "device", "", "the device")
 	reset.Flags().Int64Var(&to, "to", 0, "the last_fence to set (below the current one)")
 	reset.Flags().StringVar(&reason, "reason", "", "why (recorded in the audit entry)")
-	c.AddCommand(reset)
+	c.AddCommand(reset, floorCmd())
 	return c
 }
 

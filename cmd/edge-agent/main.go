@@ -1,6 +1,6 @@
-// Command edge-agent is the fencing gateway: `run`, `inspect`, `compact`,
-// `policy test`, `fence reset`, `config check`, `version` (docs/protocol.md
-// §4). main is wiring only.
+// Command edge-agent is the fencing gateway: `run`, `backup`, `inspect`,
+// `compact`, `policy test`, `fence reset`, `fence floor`, `config check`,
+// `version` (docs/protocol.md §4, §7). main is wiring only.
 package main
 
 import (
@@ -49,7 +49,7 @@ func main() {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	root.Args = usageArgs(cobra.NoArgs) // an unknown command
 	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
-	root.AddCommand(runCmd(), inspectCmd(), compactCmd(), policyCmd(), fenceCmd(), configCmd(), &cobra.Command{
+	root.AddCommand(runCmd(), backupCmd(), inspectCmd(), compactCmd(), policyCmd(), fenceCmd(), configCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version, commit, build date, Go version and OS/arch (also --version)",
 		Args:  usageArgs(cobra.NoArgs),

@@ -33,6 +33,9 @@ type Options struct {
 	MQTTConnected func() bool
 	// Plugins lists the policy plugins (GET /v1/status); nil means none.
 	Plugins func() []PluginStatus
+	// Coordination is GET /v1/status's "coordination" (docs/protocol.md
+	// §7); nil means {"state": "off"}.
+	Coordination func() any
 }
 
 // Handler serves docs/protocol.md §3 for a.
@@ -110,6 +113,13 @@ func Handler(a *agent.Agent, o Options) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("GET /v1/backup", func(w http.ResponseWriter, r *http.Request) {
+		if o.Token != "" && !bearerOK(r, o.Token) {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Authorization: Bearer <admin.token> required"})
+			return
+		}
+		backup(w, r, a)
 	})
 	operatorRoutes(mux, a, o)
 	if o.OffLoopback {

@@ -41,6 +41,9 @@ type GatewayStatus struct {
 	// streams.
 	HeldUnknown  int64 `json:"held_unknown"`
 	EventClients int   `json:"event_clients"`
+	// Coordination is the fence memory beyond this disk
+	// (docs/protocol.md §7).
+	Coordination any `json:"coordination"`
 }
 
 // status builds GET /v1/status.
@@ -59,6 +62,10 @@ func status(a *agent.Agent, o Options) GatewayStatus {
 		st.Plugins = append(st.Plugins, o.Plugins()...)
 	}
 	st.Ready = o.Ready == nil || o.Ready() == nil
+	st.Coordination = map[string]string{"state": "off"}
+	if o.Coordination != nil {
+		st.Coordination = o.Coordination()
+	}
 	return st
 }
 
@@ -249,4 +256,11 @@ func writeEvent(buf *bytes.Buffer, e agent.Event) {
 		buf.WriteByte('\n')
 	}
 	buf.WriteByte('\n')
+}
+
+// backup streams a consistent copy of the store (GET /v1/backup).
+func backup(w http.ResponseWriter, r *http.Request, a *agent.Agent) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="agent.db"`)
+	a.Backup(r.Context(), w) // logged by the agent; the body is cut short
 }

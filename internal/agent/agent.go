@@ -75,10 +75,20 @@ type Options struct {
 	Now       func() time.Time                // nil: time.Now
 	KeyRand   func() string                   // nil: 8 random hex digits
 	QueryWait func(attempt int) time.Duration // wait between ops queries; nil: 100ms doubling to 5s
+	// Fences says whether a device's fences are confirmed
+	// (docs/protocol.md §7). Nil: always (no coordination).
+	Fences FenceMemory
 	// ResendWait is the pause before the n-th resend of an operation the
 	// device confirmed unapplied (n >= 1). Nil: 200ms doubling to 10s,
 	// with jitter.
 	ResendWait func(n int) time.Duration
+}
+
+// FenceMemory is the seam over internal/fencemem: whether a device's
+// fences are known complete, and its last floor (the admin API).
+type FenceMemory interface {
+	Confirmed(dev string) bool
+	Device(dev string) (floor int64, confirmed bool)
 }
 
 // Agent is one running command path.
@@ -411,7 +421,17 @@ func (a *Agent) sweepLoop() {
 // rules is the part of rt's configuration decide.go reads.
 func (a *Agent) rules(rt *devRT) DeviceRules {
 	return DeviceRules{ID: rt.cfg.ID, Lock: rt.cfg.Lock, Policy: a.bound(rt.cfg.ID),
-		Queryable: rt.drv.Queryable(rt.cfg.ID), Resends: *rt.cfg.Driver.Resends}
+		Queryable: rt.drv.Queryable(rt.cfg.ID), Resends: *rt.cfg.Driver.Resends,
+		Unconfirmed: a.o.Fences != nil && !a.o.Fences.Confirmed(rt.cfg.ID)}
+}
+
+// FloorTaken is told of a fence floor taken while the agent runs (d: the
+// device's record after it): last_fence in memory and the retained state
+// follow it.
+func (a *Agent) FloorTaken(dev string, d store.Device) {
+	if rt := a.devs[dev]; rt != nil {
+		a.fenceKnown(rt, dev, d)
+	}
 }
 
 // bound reports whether a policy may do anything but allow dev's commands

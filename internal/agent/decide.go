@@ -93,6 +93,9 @@ type DeviceRules struct {
 	// unapplied is sent again under a new key; after that it ends
 	// failed/not_applied.
 	Resends int
+	// Unconfirmed: the gateway cannot yet confirm it remembers the
+	// device's fences (its fence floor is not taken: docs/protocol.md §7).
+	Unconfirmed bool
 }
 
 // Admission is what the checks on arrival decided for one delivery.
@@ -171,14 +174,18 @@ func Dedup(rec *store.Op, sameContent bool, depth, limit int64) (Admission, wire
 
 // Check is step 2 of the order of checks, for a queued command in its
 // worker (or in its admission's commit when the worker is idle): lock ->
-// expires_at -> fence -> barrier -> policy or send. d is the device's
-// record.
+// expires_at -> fence_unconfirmed -> fence -> barrier -> policy or send. d
+// is the device's record.
 func Check(r DeviceRules, o *store.Op, d store.Device, now time.Time) Decision {
 	switch {
 	case r.Lock != "" && o.Lock != r.Lock:
 		return end(wire.CodeLockMismatch, "lock %q does not match %s's bound lock %q", o.Lock, o.Device, r.Lock)
 	case expired(o, now):
 		return end(wire.CodeExpired, "reached at %s, after expires_at %s", stamp(now), stamp(*o.ExpiresAt))
+	case r.Unconfirmed:
+		// Invariant 7: until the floor is taken, last_fence may be below
+		// a fence this gateway once accepted, so no fence can be judged.
+		return end(wire.CodeFenceUnconfirmed, "gateway cannot yet confirm it remembers %s's fences (its fence floor from etcd is not taken); retry later with backoff", o.Device)
 	case o.Fence < d.LastFence && !mutant.FenceCheckOff: // the mutant: a deliberate bug, never in a normal build
 		// Invariant 1: a fence below last_fence never reaches the device.
 		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d", o.Fence, o.Device, d.LastFence)
@@ -292,6 +299,18 @@ func AfterReadBack(o *store.Op, rb device.ReadBack) Decision {
 	}
 	return Decision{Step: StepHold, Reason: fmt.Sprintf("read back after the outcome was unknown: %s holds %s, neither the intended %s nor %s from before the write: something else wrote; held for an operator",
 		o.Device, after, rb.Intended, rb.Before)}
+}
+
+// Refloored is the fence check again, inside the transaction that would
+// record o's pending write or its barrier or policy outcome: a fence floor
+// taken since the worker read the device's record (docs/protocol.md §7)
+// may have raised last_fence above o's fence. ok is false then, and dec is
+// stale_fence (invariants 1 and 7).
+func Refloored(o *store.Op, d store.Device) (dec Decision, ok bool) {
+	if o.Fence < d.LastFence && !mutant.FenceCheckOff {
+		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d (raised by a fence floor while the command was being checked)", o.Fence, o.Device, d.LastFence), false
+	}
+	return Decision{}, true
 }
 
 // BeforeResend is judged after the pause before a resend, when the new

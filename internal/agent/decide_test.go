@@ -111,6 +111,10 @@ func TestCheckOrder(t *testing.T) {
 		{"no bound lock: any lock passes", DeviceRules{}, op(func(o *store.Op) { o.Lock = "x" }), 0, StepSend, "", true, ""},
 		{"expired before stale_fence", locked, op(func(o *store.Op) { o.ExpiresAt, o.Fence = &past, 1 }), 5, StepEnd, wire.CodeExpired, false, "after expires_at"},
 		{"not yet expired", locked, op(func(o *store.Op) { o.ExpiresAt = &future }), 0, StepSend, "", true, ""},
+		{"expired before fence_unconfirmed", DeviceRules{Unconfirmed: true}, op(func(o *store.Op) { o.ExpiresAt = &past }), 5, StepEnd, wire.CodeExpired, false, ""},
+		{"lock_mismatch before fence_unconfirmed", DeviceRules{Lock: "locks/pump-7", Unconfirmed: true}, op(func(o *store.Op) { o.Lock = "x" }), 0, StepEnd, wire.CodeLockMismatch, false, ""},
+		{"fence_unconfirmed before stale_fence", DeviceRules{Unconfirmed: true}, op(func(o *store.Op) { o.Fence = 4 }), 5, StepEnd, wire.CodeFenceUnconfirmed, false, "cannot yet confirm"},
+		{"fence_unconfirmed for a barrier too", DeviceRules{Unconfirmed: true}, op(func(o *store.Op) { o.Action = wire.ActionFence }), 5, StepEnd, wire.CodeFenceUnconfirmed, false, ""},
 		{"stale_fence", locked, op(func(o *store.Op) { o.Fence = 4 }), 5, StepEnd, wire.CodeStaleFence, false, "fence 4 is below pump-7's last_fence 5"},
 		{"stale barrier", locked, op(func(o *store.Op) { o.Fence, o.Action = 4, wire.ActionFence }), 5, StepEnd, wire.CodeStaleFence, false, ""},
 		{"equal fence is allowed", locked, op(func(o *store.Op) { o.Fence = 5 }), 5, StepSend, "", true, ""},
@@ -306,6 +310,7 @@ func TestResultCodeTable(t *testing.T) {
 		{wire.CodeDeviceUnreachable, wire.StatusFailed, false},
 		{wire.CodeNotApplied, wire.StatusFailed, true},
 		{wire.CodeOutcomeUnknown, wire.StatusUnknown, true},
+		{wire.CodeFenceUnconfirmed, wire.StatusRejected, false},
 	}
 	if len(tests) != len(wire.Codes) {
 		t.Fatalf("the table has %d codes, wire.Codes %d", len(tests), len(wire.Codes))
@@ -317,6 +322,18 @@ func TestResultCodeTable(t *testing.T) {
 		if r := (Decision{Code: tt.code}).Recorded(); r != tt.recorded {
 			t.Errorf("Recorded(%s) = %v, want %v", tt.code, r, tt.recorded)
 		}
+	}
+}
+
+// A floor taken after the check: the fence is judged again where the
+// pending record (or the barrier) would be written.
+func TestRefloored(t *testing.T) {
+	o := &store.Op{Device: "pump-7", Fence: 10}
+	if d, ok := Refloored(o, store.Device{LastFence: 11}); ok || d.Code != wire.CodeStaleFence || !strings.Contains(d.Reason, "fence floor") {
+		t.Fatalf("below a floor: %v %+v", ok, d)
+	}
+	if _, ok := Refloored(o, store.Device{LastFence: 10}); !ok {
+		t.Fatal("an equal fence passes")
 	}
 }
 

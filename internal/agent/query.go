@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
@@ -42,6 +43,10 @@ func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
 		Holder: holder, Group: rt.cfg.Group, QueueLimit: int(rt.w.limit), Queryable: rt.drv.Queryable(dev)}
 	if !d.UpdatedAt.IsZero() {
 		info.UpdatedAt = &d.UpdatedAt
+	}
+	info.FenceConfirmed = true
+	if a.o.Fences != nil {
+		info.FenceFloor, info.FenceConfirmed = a.o.Fences.Device(dev)
 	}
 	return info, nil
 }
@@ -111,7 +116,7 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 			notUnknown = true
 			return nil
 		}
-		if d, moved, err = a.endTx(tx, &o, dec, state); err != nil {
+		if d, moved, err = a.endTx(tx, &o, &dec, state); err != nil {
 			return err
 		}
 		res = resultOf(o, d.LastFence, false)
@@ -254,3 +259,15 @@ func (a *Agent) Summary() Summary {
 // Done is closed at the agent's hard stop (the end of Stop, or a fatal
 // error): an event stream ends then.
 func (a *Agent) Done() <-chan struct{} { return a.ctx.Done() }
+
+// Backup writes a consistent copy of the store to w (GET /v1/backup,
+// `edge-agent backup --admin`). The copy carries a backup mark, so a start
+// on it takes the fence floor (store.Backup, invariant 7).
+func (a *Agent) Backup(ctx context.Context, w io.Writer) error {
+	note := fmt.Sprintf("online backup of gateway %s at %s", a.cfg.GatewayID, a.now().UTC().Format(time.RFC3339))
+	_, err := a.st.Backup(ctx, w, note)
+	if err != nil {
+		a.log.Error("backup failed", "err", err)
+	}
+	return err
+}

@@ -142,7 +142,7 @@ func (a *Agent) dropOrphans(ctx context.Context, orphans []store.Op) error {
 				continue
 			}
 			dec := end(wire.CodeUnknownDevice, "device %q is no longer configured on gateway %s; the command was not executed", o.Device, a.cfg.GatewayID)
-			if _, _, err := a.endTx(tx, o, dec, nil); err != nil {
+			if _, _, err := a.endTx(tx, o, &dec, nil); err != nil {
 				return err
 			}
 			// Logged once committed (a failed commit fails the start).

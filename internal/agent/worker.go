@@ -240,6 +240,10 @@ func (w *worker) handle(e item) (bool, error) {
 func (w *worker) check(rt *devRT, o *store.Op) (Decision, error) {
 	a := w.a
 	now := a.now()
+	// The rules (fence_unconfirmed) are read before the device's record: a
+	// floor is committed before its device is confirmed, so a confirmed
+	// read sees the raised last_fence (and pend checks it again).
+	rules := a.rules(rt)
 	var d store.Device
 	var group map[string]json.RawMessage
 	err := a.st.View(func(tx *store.Tx) error {
@@ -261,7 +265,7 @@ func (w *worker) check(rt *devRT, o *store.Op) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	dec := Check(a.rules(rt), o, d, now)
+	dec := Check(rules, o, d, now)
 	params := stateOrEmpty(o.Params)
 	o.ParamsSent = params
 	if dec.Step != StepPolicy {
@@ -316,8 +320,13 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 			}
 			// Invariant 3: last_fence and the pending record, with the
 			// key of the write, are durable before anything is sent.
-			if err := w.pend(rt, &o, dec.Raise); err != nil {
+			stale, err := w.pend(rt, &o, dec.Raise)
+			if err != nil {
 				return false, err
+			}
+			if stale != nil {
+				dec = *stale
+				continue
 			}
 			failpoint.Hit(failpoint.AfterPending, o.OpID)
 			dec = Decision{Step: stepWrite}
@@ -387,15 +396,21 @@ func stateOrEmpty(s json.RawMessage) json.RawMessage {
 }
 
 // pend records a new idempotency key for o as pending (raising last_fence
-// when raise is set) before the write under it is sent.
-func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
+// when raise is set) before the write under it is sent. When a fence floor
+// raised last_fence above o's fence since it was checked, nothing is
+// written and stale is the decision instead (Refloored).
+func (w *worker) pend(rt *devRT, o *store.Op, raise bool) (stale *Decision, err error) {
 	a := w.a
 	var d store.Device
 	wasUnknown := o.Status == store.OpUnknown // a resend after a confirmed "not applied"
-	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
+	err = a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
 		if d, _, err = tx.Device(o.Device); err != nil {
 			return err
+		}
+		if dec, ok := Refloored(o, d); !ok {
+			stale = &dec
+			return nil
 		}
 		if err := a.pendTx(tx, o, &d, raise); err != nil {
 			return err
@@ -405,11 +420,11 @@ func (w *worker) pend(rt *devRT, o *store.Op, raise bool) error {
 		}
 		return tx.PutOp(*o)
 	})
-	if err != nil {
-		return err
+	if err != nil || stale != nil {
+		return stale, err
 	}
 	a.fenceKnown(rt, o.Device, d)
-	return nil
+	return nil, nil
 }
 
 // pendTx makes o pending under a new idempotency key in tx and, with raise,
@@ -573,7 +588,7 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 	var moved bool
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		var err error
-		d, moved, err = a.endTx(tx, o, dec, state)
+		d, moved, err = a.endTx(tx, o, &dec, state)
 		return err
 	})
 	if err != nil {
@@ -604,7 +619,11 @@ func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, move
 // (last_fence, if raised, stays raised); the Result enters the outbox and
 // the inbox entry goes (recordOutcome). moved reports whether the device's
 // record changed in a way its DeviceState shows.
-func (a *Agent) endTx(tx *store.Tx, o *store.Op, dec Decision, state json.RawMessage) (d store.Device, moved bool, err error) {
+//
+// A decision that raises (a barrier, a policy's outcome) is checked
+// against last_fence again here (Refloored): a floor taken since the check
+// makes it stale_fence, and dec says so for the caller.
+func (a *Agent) endTx(tx *store.Tx, o *store.Op, dec *Decision, state json.RawMessage) (d store.Device, moved bool, err error) {
 	if o.Status == store.OpUnknown {
 		// No longer held: counted before the final Result is handed to
 		// the publisher (the hooks run in order).
@@ -613,6 +632,11 @@ func (a *Agent) endTx(tx *store.Tx, o *store.Op, dec Decision, state json.RawMes
 	now := a.now().UTC()
 	if d, _, err = tx.Device(o.Device); err != nil {
 		return d, false, err
+	}
+	if dec.Raise {
+		if stale, ok := Refloored(o, d); !ok {
+			*dec = stale
+		}
 	}
 	if dec.Raise && o.Fence > d.LastFence {
 		d.LastFence, moved = o.Fence, true

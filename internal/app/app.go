@@ -25,6 +25,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/agent"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/fencemem"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
@@ -68,6 +69,11 @@ type App struct {
 	wg        sync.WaitGroup
 	stopWatch context.CancelFunc
 	live      liveness
+
+	fm       *fencemem.Memory // the fence memory beyond this disk (coordination.go)
+	failed   chan struct{}    // closed when the agent or the fence memory failed
+	failErr  error            // why, set before failed is closed
+	stopFail chan struct{}
 }
 
 // New validates the wiring; it does no I/O.
@@ -81,7 +87,7 @@ func New(cfg *config.Config, o Options) *App {
 	if o.MQTTGrace == 0 {
 		o.MQTTGrace = DefaultMQTTGrace
 	}
-	a := &App{cfg: cfg, o: o, log: o.Logger, mqttErr: make(chan error, 1)}
+	a := &App{cfg: cfg, o: o, log: o.Logger, mqttErr: make(chan error, 1), failed: make(chan struct{}), stopFail: make(chan struct{})}
 	a.boot.set("not started")
 	return a
 }
@@ -126,6 +132,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.st.Start()
+	if err := a.startFenceMemory(ctx); err != nil {
+		return err
+	}
 
 	drv, hd, mb, err := buildDrivers(cfg, a.log)
 	if err != nil {
@@ -169,13 +178,15 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.ag, err = agent.New(agent.Options{Config: cfg, Store: a.st, Publisher: &a.pub, Drivers: drv,
 		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
-		Logger: a.log, Registry: a.reg})
+		Logger: a.log, Registry: a.reg, Fences: a.fm})
 	if err != nil {
 		return err
 	}
+	a.fm.OnFloor(a.ag.FloorTaken)
 	if err := a.ag.Start(ctx); err != nil {
 		return err
 	}
+	a.watchFailures()
 	statusTopic := wire.StatusTopic(cfg.MQTT.TopicPrefix, cfg.GatewayID)
 	online := mustJSON(wire.GatewayStatus{State: "online", Version: a.o.Version})
 	offline := mustJSON(wire.GatewayStatus{State: "offline", Version: a.o.Version})
@@ -196,7 +207,8 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.pub.set(a.mc)
 	if a.adm != nil {
 		a.handler.set(admin.Handler(a.ag, admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}))
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
+			Coordination: a.coordination}))
 	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
@@ -233,10 +245,19 @@ func (a *App) Ready() error {
 func (a *App) MQTTErr() <-chan error { return a.mqttErr }
 
 // Failed is closed on a fatal error (the process must exit 1 at once).
-func (a *App) Failed() <-chan struct{} { return a.ag.Failed() }
+// That is a failed agent, or another live agent that took this gateway's
+// registration in etcd.
+func (a *App) Failed() <-chan struct{} { return a.failed }
 
 // Err is the fatal error.
-func (a *App) Err() error { return a.ag.Err() }
+func (a *App) Err() error {
+	select {
+	case <-a.failed:
+		return a.failErr
+	default:
+		return nil
+	}
+}
 
 // BrokerURL is the broker the agent is connected to (the embedded one's
 // actual address when broker: embedded).
@@ -288,6 +309,7 @@ func (a *App) closeAll() error {
 	if a.stopWatch != nil {
 		a.stopWatch()
 	}
+	close(a.stopFail)
 	if a.adm != nil {
 		sctx, c := context.WithTimeout(context.Background(), time.Second)
 		if a.adm.Shutdown(sctx) != nil {
@@ -311,6 +333,9 @@ func (a *App) closeAll() error {
 		a.mb.Close()
 	}
 	a.wg.Wait()
+	if a.fm != nil {
+		a.fm.Close()
+	}
 	if a.st != nil {
 		if err := a.st.Close(); err != nil {
 			return fmt.Errorf("closing the store: %w", err)

@@ -53,6 +53,9 @@ type Config struct {
 	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
 	Devices         []*Device `yaml:"devices"`
 	Security        Security  `yaml:"security"` // signed commands (security.go)
+	// Coordination is the etcd cluster that keeps fences beyond this disk
+	// (coordination.go).
+	Coordination Coordination `yaml:"coordination"`
 }
 
 // MQTT is the broker session.
@@ -264,6 +267,7 @@ func (c *Config) defaults() {
 		c.ShutdownTimeout = Duration(DefaultShutdownTimeout)
 	}
 	c.defaultsSecurity()
+	c.defaultsCoordination()
 	for _, d := range c.Devices {
 		if d == nil {
 			continue
@@ -320,6 +324,7 @@ func (c *Config) check(p *problems) {
 		c.checkDevice(p, i, d, seen)
 	}
 	c.checkSecurity(p)
+	c.checkCoordination(p)
 }
 
 func (c *Config) checkMQTT(p *problems) {
@@ -419,6 +424,7 @@ func (c *Config) readFiles(p *problems) {
 		}
 	}
 	c.readSecurityFiles(p)
+	c.readCoordinationFiles(p)
 	for i, d := range c.Devices {
 		if d.Policy == nil || d.Policy.Config.Kind == 0 {
 			continue

@@ -17,6 +17,10 @@ var (
 // read.
 var ErrFormat = errors.New("store: unsupported file format")
 
+// ErrCorrupt is returned by Open for a file bbolt cannot read (damaged
+// pages): it is never repaired in place; the message says what to do.
+var ErrCorrupt = errors.New("store: the store file is corrupt")
+
 // Resetting a fence (Tx.ResetFence).
 var (
 	// ErrResetNotLower: the fence to reset to is not below last_fence.

@@ -17,6 +17,7 @@
 //	opdev   device "/" seq            -> nil (each device's records in arrival order: history.go)
 //	devices device                    -> device record (last_fence, state)
 //	meta    "format"                  -> "2"
+//	fencemem                          -> the store's identity and fence floors (fencemem.go)
 //
 // An op record's seq is the seq of its inbox entry (Op.InboxSeq).
 package store
@@ -140,7 +141,7 @@ func Open(path string, opts *Options) (*Store, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	db, err := openBolt(path, &bolt.Options{
 		Timeout:        o.OpenTimeout,
 		ReadOnly:       o.ReadOnly,
 		NoFreelistSync: true,
@@ -149,6 +150,9 @@ func Open(path string, opts *Options) (*Store, error) {
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("open %s: %w", path, ErrLocked)
+		}
+		if errors.Is(err, ErrCorrupt) {
+			return nil, err
 		}
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
@@ -168,34 +172,66 @@ func Open(path string, opts *Options) (*Store, error) {
 		return nil
 	}
 	if o.ReadOnly {
-		err = db.View(check)
+		err = guard(path, func() error { return db.View(check) })
 	} else {
-		err = db.Update(func(tx *bolt.Tx) error {
-			if err := check(tx); err != nil {
-				return err
-			}
-			for _, b := range [][]byte{bucketDevices, bucketOps, bucketOpIndex, bucketInbox, bucketOutbox, bucketMeta} {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+		err = guard(path, func() error {
+			return db.Update(func(tx *bolt.Tx) error {
+				if err := check(tx); err != nil {
 					return err
 				}
-			}
-			if err := fillOpDev(tx); err != nil {
-				return err
-			}
-			return tx.Bucket(bucketMeta).Put(keyFormat, []byte(Format))
+				for _, b := range [][]byte{bucketDevices, bucketOps, bucketOpIndex, bucketInbox, bucketOutbox, bucketMeta, bucketFenceMem} {
+					if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+						return err
+					}
+				}
+				if err := fillOpDev(tx); err != nil {
+					return err
+				}
+				return tx.Bucket(bucketMeta).Put(keyFormat, []byte(Format))
+			})
 		})
 	}
 	if err == nil {
-		err = db.View(s.idx.load)
+		err = guard(path, func() error { return db.View(s.idx.load) })
 	}
 	if err != nil {
 		db.Close()
-		if errors.Is(err, ErrFormat) {
+		if errors.Is(err, ErrFormat) || errors.Is(err, ErrCorrupt) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("store: init %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// openBolt is bolt.Open with a damaged file reported as ErrCorrupt (bbolt
+// rejects bad meta pages with an error, and panics on some other damage).
+func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
+	err = guard(path, func() error {
+		var err error
+		db, err = bolt.Open(path, 0o600, o)
+		if errors.Is(err, bolterrors.ErrInvalid) || errors.Is(err, bolterrors.ErrChecksum) || errors.Is(err, bolterrors.ErrVersionMismatch) {
+			return corrupt(path, err)
+		}
+		return err
+	})
+	return db, err
+}
+
+// guard runs fn, turning a panic of bbolt's on a damaged file into
+// ErrCorrupt naming the file.
+func guard(path string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = corrupt(path, fmt.Errorf("%v", r))
+		}
+	}()
+	return fn()
+}
+
+func corrupt(path string, cause error) error {
+	return fmt.Errorf("%w: %s cannot be read (%v). Move it aside (mv %s %s.corrupt) and start again: the agent starts with an empty store and, with coordination configured, takes the fence floor before any command (docs/operations.md, \"A corrupt store\")",
+		ErrCorrupt, path, cause, path, path)
 }
 
 // Start runs the group-commit loop until Close.

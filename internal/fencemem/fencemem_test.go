@@ -1,0 +1,199 @@
+package fencemem
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
+)
+
+func etcdConf(eps []string) *config.Etcd {
+	return &config.Etcd{Endpoints: eps, Prefix: "edge", DialTimeout: config.Duration(2 * time.Second), SessionTTL: config.Duration(2 * time.Second)}
+}
+
+func openStore(t *testing.T, path string) *store.Store {
+	t.Helper()
+	s, err := store.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	return s
+}
+
+// run starts a Memory on the store at path, checks it, and stops it.
+func run(t *testing.T, e *config.Etcd, gw, path string, devs ...string) (*Memory, *store.Store, error) {
+	t.Helper()
+	s := openStore(t, path)
+	m := New(Options{Etcd: e, Gateway: gw, Devices: devs, Store: s, Retry: 100 * time.Millisecond})
+	err := m.Start(context.Background())
+	return m, s, err
+}
+
+// floors returns dev's floor audit entries, newest first.
+func floors(t *testing.T, s *store.Store, dev string) []store.Op {
+	t.Helper()
+	var out []store.Op
+	s.View(func(tx *store.Tx) error {
+		h, _, err := tx.History(dev, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range h {
+			if o.Action == store.ActionFenceFloor {
+				out = append(out, o)
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+func lastFence(s *store.Store, dev string) int64 {
+	var d store.Device
+	s.View(func(tx *store.Tx) error { d, _, _ = tx.Device(dev); return nil })
+	return d.LastFence
+}
+
+// A new store takes the floor; a restart on the same store does not; a
+// copy of the stopped store put back after the agent ran on does, and so
+// does a store restored from a backup.
+func TestFloorOnlyWhenMemoryMayBeIncomplete(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	e := etcdConf(c.Endpoints())
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.db")
+	m, s, err := run(t, e, "gw-1", path, "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Confirmed("pump-7") || m.Status().State != "connected" {
+		t.Fatalf("after the floor: %v %+v", m.Confirmed("pump-7"), m.Status())
+	}
+	f := floors(t, s, "pump-7")
+	if len(f) != 1 || !strings.Contains(f[0].Reason, ReasonNewStore) || lastFence(s, "pump-7") != f[0].Fence || f[0].Fence < 1 {
+		t.Fatalf("new store: floors %+v, last_fence %d", f, lastFence(s, "pump-7"))
+	}
+	m.Close()
+	s.Close()
+	copyFile(t, path, filepath.Join(dir, "copy.db"))
+
+	m, s, err = run(t, e, "gw-1", path, "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := floors(t, s, "pump-7"); len(f) != 1 {
+		t.Fatalf("a restart on the same store took a floor: %+v", f)
+	}
+	m.Close()
+	s.Close()
+
+	copyFile(t, filepath.Join(dir, "copy.db"), path)
+	m, s, err = run(t, e, "gw-1", path, "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := floors(t, s, "pump-7"); len(f) != 2 || !strings.Contains(f[0].Reason, ReasonRestored) || !strings.Contains(f[0].Reason, "epoch") {
+		t.Fatalf("a restored older copy: floors %+v", f)
+	}
+	var bak strings.Builder
+	if _, err := s.Backup(context.Background(), &bak, "test backup"); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	s.Close()
+	if err := os.WriteFile(path, []byte(bak.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, s, err = run(t, e, "gw-1", path, "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { m.Close(); s.Close() }()
+	if f := floors(t, s, "pump-7"); len(f) != 3 || !strings.Contains(f[0].Reason, "test backup") {
+		t.Fatalf("a restored backup: floors %+v", f)
+	}
+}
+
+// A second live agent as the same gateway is refused within session_ttl +
+// 5 s, naming the other's host and pid; a device fronted by another live
+// gateway is refused naming both.
+func TestCloneAndClaimRefused(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	e := etcdConf(c.Endpoints())
+	m1, s1, err := run(t, e, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { m1.Close(); s1.Close() }()
+	start := time.Now()
+	m2, s2, err := run(t, e, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	took := time.Since(start)
+	defer func() { m2.Close(); s2.Close() }()
+	if !errors.Is(err, ErrClone) || !strings.Contains(err.Error(), "gw-1") || !strings.Contains(err.Error(), "pid") {
+		t.Fatalf("clone: %v", err)
+	}
+	if took > e.SessionTTL.D()+5*time.Second {
+		t.Fatalf("clone refused after %s", took)
+	}
+	m3, s3, err := run(t, e, "gw-2", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	defer func() { m3.Close(); s3.Close() }()
+	if !errors.Is(err, ErrClaimed) || !strings.Contains(err.Error(), "pump-7") || !strings.Contains(err.Error(), "gw-1") || !strings.Contains(err.Error(), "gw-2") {
+		t.Fatalf("claim: %v", err)
+	}
+	if !m1.Confirmed("pump-7") || m1.Status().State != "connected" {
+		t.Fatalf("the first agent was disturbed: %+v", m1.Status())
+	}
+}
+
+// Without etcd at start, every device is unconfirmed; nothing is floored
+// until etcd can be reached.
+func TestUnreachableLeavesDevicesUnconfirmed(t *testing.T) {
+	e := etcdConf([]string{"http://" + etcdtest.FreeAddr(t)})
+	e.DialTimeout = config.Duration(500 * time.Millisecond)
+	m, s, err := run(t, e, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { m.Close(); s.Close() }()
+	st := m.Status()
+	if m.Confirmed("pump-7") || st.State != "unreachable" || len(st.Unconfirmed) != 1 || !strings.Contains(st.Reason, "connection refused") {
+		t.Fatalf("status %+v", st)
+	}
+	s.View(func(tx *store.Tx) error {
+		if d := tx.Doubts(); d["pump-7"] != ReasonNewStore {
+			t.Errorf("doubts %v", d)
+		}
+		return nil
+	})
+}
+
+// Without coordination: every device confirmed, no floor, state off.
+func TestOff(t *testing.T) {
+	m, s, err := run(t, nil, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { m.Close(); s.Close() }()
+	if !m.Confirmed("pump-7") || m.Status().State != "off" || len(floors(t, s, "pump-7")) != 0 {
+		t.Fatalf("off: %+v", m.Status())
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,134 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TakeFloor raises last_fence to the floor (never lowers it), clears the
+// device's doubt, remembers the floor and leaves an audit entry in the
+// device's history.
+func TestTakeFloor(t *testing.T) {
+	s := openTest(t, nil)
+	ctx := context.Background()
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	if err := s.Update(ctx, func(tx *Tx) error {
+		if err := tx.PutDevice("pump-7", Device{LastFence: 42}); err != nil {
+			return err
+		}
+		if err := tx.PutDoubt("pump-7", "new store"); err != nil {
+			return err
+		}
+		return tx.PutDoubt("valve-1", "new store")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]Device
+	if err := s.Update(ctx, func(tx *Tx) error {
+		got = map[string]Device{}
+		for dev, floor := range map[string]int64{"pump-7": 100, "valve-1": 7} {
+			d, o, err := tx.TakeFloor(dev, floor, "edge-agent", tx.Doubts()[dev], now)
+			if err != nil {
+				return err
+			}
+			if !o.Audit || o.Action != ActionFenceFloor || !strings.HasPrefix(o.OpID, "fence-floor:") {
+				t.Errorf("audit record %+v", o)
+			}
+			got[dev] = d
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got["pump-7"].LastFence != 100 || got["valve-1"].LastFence != 7 {
+		t.Fatalf("after the floor: %+v", got)
+	}
+	// A floor below last_fence leaves it: last_fence never moves back.
+	if err := s.Update(ctx, func(tx *Tx) error {
+		_, _, err := tx.TakeFloor("pump-7", 50, "edge-agent", "restored store", now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.View(func(tx *Tx) error {
+		d, _, _ := tx.Device("pump-7")
+		if d.LastFence != 100 || tx.FloorOf("pump-7") != 50 || tx.FloorOf("valve-1") != 7 || len(tx.Doubts()) != 0 {
+			t.Errorf("last_fence %d floor %d/%d doubts %v", d.LastFence, tx.FloorOf("pump-7"), tx.FloorOf("valve-1"), tx.Doubts())
+		}
+		h, _, err := tx.History("pump-7", 0, 10)
+		if err != nil || len(h) != 2 || !strings.Contains(h[0].Reason, "restored store") || !strings.Contains(h[1].Reason, "new store") {
+			t.Errorf("history %v %+v", err, h)
+		}
+		return nil
+	})
+}
+
+// A backup carries the backup mark; the live store does not.
+func TestBackupMarksTheCopyOnly(t *testing.T) {
+	s := openTest(t, nil)
+	ctx := context.Background()
+	if err := s.Update(ctx, func(tx *Tx) error {
+		if err := tx.PutIdentity(Identity{StoreID: "abc", Gateway: "gw-1", Epoch: 3}); err != nil {
+			return err
+		}
+		return tx.PutDevice("pump-7", Device{LastFence: 42})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := s.Backup(ctx, &buf, "backup at now"); err != nil {
+		t.Fatal(err)
+	}
+	s.View(func(tx *Tx) error {
+		if id, _ := tx.Identity(); id.Backup != "" || id.Epoch != 3 {
+			t.Errorf("live store after a backup: %+v", id)
+		}
+		return nil
+	})
+	path := filepath.Join(t.TempDir(), "agent.db")
+	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.View(func(tx *Tx) error {
+		id, ok := tx.Identity()
+		d, _, _ := tx.Device("pump-7")
+		if !ok || id.StoreID != "abc" || id.Backup != "backup at now" || d.LastFence != 42 {
+			t.Errorf("copy: %v %+v %+v", ok, id, d)
+		}
+		return nil
+	})
+}
+
+// A file whose first pages are overwritten is refused with ErrCorrupt,
+// naming the file and what to do, never a panic.
+func TestCorruptStoreIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.db")
+	s, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(bytes.Repeat([]byte{0xa5}, 16<<10), 0)
+	f.Close()
+	for _, ro := range []bool{false, true} {
+		_, err = Open(path, &Options{ReadOnly: ro})
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "Move it aside") {
+			t.Fatalf("read-only %v: %v", ro, err)
+		}
+	}
+}
