@@ -29,7 +29,8 @@ type options struct {
 	ttl          time.Duration
 	out          string
 	keep         bool
-	tags         string // extra build tags of the agent (a mutant)
+	mutant       string // the agent is this mutant (mutants/NAME.patch)
+	overlay      string // go build -overlay file of the mutant's sources
 	agentBin     string // prebuilt agent (failpoints build); "": built
 	firmwareBin  string
 	self         string // this binary, re-executed as the controllers
@@ -95,13 +96,14 @@ func runCampaign(o options) (*CheckResult, string, error) {
 		}
 	}
 	c := &campaign{o: o, start: time.Now(), injected: map[string]int{}, stopOp: make(chan struct{}), opDone: make(chan struct{})}
-	tags := "failpoints"
-	if o.tags != "" {
-		tags += "," + o.tags
-	}
+	const tags = "failpoints"
 	if o.agentBin == "" || o.firmwareBin == "" {
-		c.logf("building edge-agent (-tags %s) and firmware-sim", tags)
-		a, f, err := build(filepath.Join(dir, "bin"), tags)
+		what := ""
+		if o.mutant != "" {
+			what = ", mutant " + o.mutant
+		}
+		c.logf("building edge-agent (-tags %s%s) and firmware-sim", tags, what)
+		a, f, err := build(filepath.Join(dir, "bin"), tags, o.overlay)
 		if err != nil {
 			return nil, dir, err
 		}
@@ -117,7 +119,7 @@ func runCampaign(o options) (*CheckResult, string, error) {
 	if o.embedded {
 		broker = "embedded"
 	}
-	c.meta = RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Devices: o.devices}
+	c.meta = RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices}
 	logf, err := os.OpenFile(filepath.Join(dir, "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, dir, err

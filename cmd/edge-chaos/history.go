@@ -137,8 +137,9 @@ type History struct {
 type RunMeta struct {
 	Seed     uint64            `json:"seed"`
 	Duration string            `json:"duration"`
-	Broker   string            `json:"broker"` // mosquitto or embedded
-	Tags     string            `json:"tags"`   // the agent's build tags
+	Broker   string            `json:"broker"`           // mosquitto or embedded
+	Tags     string            `json:"tags"`             // the agent's build tags
+	Mutant   string            `json:"mutant,omitempty"` // the agent is this mutant (mutants/NAME.patch)
 	Devices  []DeviceSpec      `json:"devices"`
 	Start    int64             `json:"start"`
 	End      int64             `json:"end"` // when the faults stopped

@@ -12,7 +12,7 @@
 //
 //	edge-chaos [run] [-seed N] [-duration D] [-broker mosquitto|embedded] [-controllers N] [-out DIR] [-keep]
 //	edge-chaos check DIR        check a recorded history again
-//	edge-chaos mutants [-seed N] [-duration D]   build each mutant agent and show the campaign catches it
+//	edge-chaos mutants [-seed N] [-duration D] [-only NAME,...]   build each mutant agent (mutants/*.patch) and show the campaign catches it
 //
 // Exit status: 0 when the history has no violation, 1 when it has (the
 // last line says `violations: N`), 2 on a usage error, 3 when the

@@ -30,7 +30,11 @@ func faultCounts(h *History) (map[string]int, map[string]int) {
 // window to DIR/violations.txt.
 func report(out io.Writer, h *History, res *CheckResult, dir string) {
 	m := h.Meta
-	fmt.Fprintf(out, "\nedge-chaos: seed %d, %s of faults, broker %s, agent built with -tags %s\n", m.Seed, m.Duration, m.Broker, m.Tags)
+	agent := "-tags " + m.Tags
+	if m.Mutant != "" {
+		agent += " and the mutant " + m.Mutant
+	}
+	fmt.Fprintf(out, "\nedge-chaos: seed %d, %s of faults, broker %s, agent built with %s\n", m.Seed, m.Duration, m.Broker, agent)
 	fmt.Fprintf(out, "history: %s\n\n", dir)
 	fmt.Fprintf(out, "%-40s %8d\n", "commands (operations invoked)", res.Ops)
 	fmt.Fprintf(out, "%-40s %8d\n", "  of which barriers", res.Barriers)

@@ -395,14 +395,17 @@ func (w *world) deviceFence(dev string) (int64, bool) {
 	return d.LastFence, true
 }
 
-// build compiles the agent (with the failpoints tag and extra tags) and
-// firmware-sim into dir.
-func build(dir, tags string) (agent, firmware string, err error) {
+// build compiles the agent (with tags and, for a mutant, its go build
+// -overlay file) and firmware-sim into dir.
+func build(dir, tags, overlay string) (agent, firmware string, err error) {
 	agent, firmware = filepath.Join(dir, "edge-agent"), filepath.Join(dir, "firmware-sim")
-	for _, b := range []struct{ out, pkg, tags string }{{agent, "./cmd/edge-agent", tags}, {firmware, "./firmware-sim", ""}} {
+	for _, b := range []struct{ out, pkg, tags, overlay string }{{agent, "./cmd/edge-agent", tags, overlay}, {firmware, "./firmware-sim", "", ""}} {
 		args := []string{"build", "-o", b.out}
 		if b.tags != "" {
 			args = append(args, "-tags", b.tags)
+		}
+		if b.overlay != "" {
+			args = append(args, "-overlay", b.overlay)
 		}
 		cmd := exec.Command("go", append(args, b.pkg)...)
 		if out, err := cmd.CombinedOutput(); err != nil {

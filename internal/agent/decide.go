@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/device"
-	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -153,9 +152,6 @@ func Arrive(a Arrival) (Admission, wire.Code) {
 // record / acknowledgement of a queued or pending one -> busy when the
 // worker holds more than limit commands besides the one in hand -> inbox.
 func Dedup(rec *store.Op, sameContent bool, depth, limit int64) (Admission, wire.Code) {
-	if mutant.DedupOff { // a deliberate bug, only in the mutant_dedup_off build
-		rec = nil
-	}
 	switch {
 	case rec != nil && !sameContent:
 		return AdmitAnswer, wire.CodeOpConflict
@@ -179,7 +175,7 @@ func Check(r DeviceRules, o *store.Op, d store.Device, now time.Time) Decision {
 		return end(wire.CodeLockMismatch, "lock %q does not match %s's bound lock %q", o.Lock, o.Device, r.Lock)
 	case expired(o, now):
 		return end(wire.CodeExpired, "reached at %s, after expires_at %s", stamp(now), stamp(*o.ExpiresAt))
-	case o.Fence < d.LastFence && !mutant.FenceCheckOff: // the mutant: a deliberate bug, never in a normal build
+	case o.Fence < d.LastFence:
 		// Invariant 1: a fence below last_fence never reaches the device.
 		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d", o.Fence, o.Device, d.LastFence)
 	case o.Action == wire.ActionFence:
@@ -227,9 +223,6 @@ func AfterWrite(o *store.Op, res device.WriteResult) Decision {
 		if !o.WasUnknown {
 			return end(wire.CodeDeviceUnreachable, "%s could not be reached: %s", o.Device, res.Reason)
 		}
-	}
-	if mutant.UnknownAsFailed { // a deliberate bug, only in the mutant_unknown_failed build
-		return end(wire.CodeDeviceUnreachable, "%s: %s", o.Device, res.Reason)
 	}
 	return Decision{Step: StepUnknown, Reason: fmt.Sprintf("the write to %s may or may not have happened: %s", o.Device, res.Reason)}
 }
