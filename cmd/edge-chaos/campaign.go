@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 const (
@@ -36,13 +38,13 @@ type options struct {
 	self         string // this binary, re-executed as the controllers
 	etcdBin      string
 	mosquittoBin string
-	devices      []DeviceSpec
+	devices      []chaos.DeviceSpec
 	settle       time.Duration
 	porcupineTO  time.Duration
 	log          io.Writer // progress lines
 }
 
-var defaultDevices = []DeviceSpec{
+var defaultDevices = []chaos.DeviceSpec{
 	{ID: "hot", Type: "relay", Queryable: true, Hot: true},
 	{ID: "pump-a", Type: "pump", Queryable: true},
 	{ID: "valve-n", Type: "valve", Queryable: false},
@@ -56,7 +58,7 @@ type campaign struct {
 	o     options
 	w     *world
 	obs   *observer
-	meta  RunMeta
+	meta  chaos.RunMeta
 	start time.Time
 
 	faultsWG sync.WaitGroup
@@ -79,7 +81,7 @@ func (c *campaign) logf(format string, a ...any) {
 
 // runCampaign runs one campaign and checks it; it returns the check's
 // result (nil when the run could not be set up: err says why).
-func runCampaign(o options) (*CheckResult, string, error) {
+func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	dir := o.out
 	if dir == "" {
 		d, err := os.MkdirTemp("", fmt.Sprintf("edge-chaos-%d-", o.seed))
@@ -119,13 +121,13 @@ func runCampaign(o options) (*CheckResult, string, error) {
 	if o.embedded {
 		broker = "embedded"
 	}
-	c.meta = RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices}
+	c.meta = chaos.RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices}
 	logf, err := os.OpenFile(filepath.Join(dir, "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, dir, err
 	}
 	defer logf.Close()
-	faults, err := openLines(filepath.Join(dir, "faults.jsonl"))
+	faults, err := chaos.OpenLines(filepath.Join(dir, "faults.jsonl"))
 	if err != nil {
 		return nil, dir, err
 	}
@@ -169,16 +171,16 @@ func runCampaign(o options) (*CheckResult, string, error) {
 	w.agent.close()
 	c.obs.close()
 	w.stopAll()
-	faults.close()
+	faults.Close()
 	if err := c.writeMeta(); err != nil {
 		return nil, dir, err
 	}
 	c.logf("checking the history")
-	h, err := loadHistory(dir)
+	h, err := chaos.LoadHistory(dir)
 	if err != nil {
 		return nil, dir, err
 	}
-	res := check(h, dir, o.porcupineTO)
+	res := chaos.Check(h, dir, o.porcupineTO)
 	return res, dir, nil
 }
 
@@ -247,7 +249,7 @@ func (c *campaign) setup() error {
 	if !waitFor(30*time.Second, w.agent.ready) {
 		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().ended(), filepath.Join(w.dir, "procs.log"))
 	}
-	obsLog, err := openLines(filepath.Join(w.dir, "observer.jsonl"))
+	obsLog, err := chaos.OpenLines(filepath.Join(w.dir, "observer.jsonl"))
 	if err != nil {
 		return err
 	}
@@ -321,7 +323,7 @@ func (c *campaign) operator() {
 }
 
 func (c *campaign) resolve(dev, op string) {
-	entries, err := readLines[struct {
+	entries, err := chaos.ReadLines[struct {
 		Device string `json:"device"`
 		OpID   string `json:"op_id"`
 	}](filepath.Join(c.w.dir, "journal.jsonl"))
@@ -470,9 +472,9 @@ func (c *campaign) unfinished() []string {
 	files, _ := filepath.Glob(filepath.Join(c.w.dir, "ctl-*.jsonl"))
 	var out []string
 	for _, f := range files {
-		evs, _ := readLines[Event](f)
+		evs, _ := chaos.ReadLines[chaos.Event](f)
 		for _, e := range evs {
-			if e.Ev == evPublished && !c.obs.finalSeen(e.Op) {
+			if e.Ev == chaos.EvPublished && !c.obs.finalSeen(e.Op) {
 				out = append(out, e.Dev+"/"+e.Op)
 			}
 		}

@@ -27,6 +27,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -130,8 +132,8 @@ func runCmd(args []string) int {
 
 // finishRun prints the report; the history is removed when it is clean
 // and not to be kept.
-func finishRun(o options, res *CheckResult, dir string) int {
-	h, err := loadHistory(dir)
+func finishRun(o options, res *chaos.CheckResult, dir string) int {
+	h, err := chaos.LoadHistory(dir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
 		return 3
@@ -158,12 +160,12 @@ func checkCmd(args []string) int {
 		return 2
 	}
 	dir := fs.Arg(0)
-	h, err := loadHistory(dir)
+	h, err := chaos.LoadHistory(dir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
 		return 3
 	}
-	res := check(h, dir, *to)
+	res := chaos.Check(h, dir, *to)
 	report(os.Stdout, h, res, dir)
 	if len(res.Violations) > 0 {
 		return 1

@@ -15,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 // The deliberate bugs that prove the campaign catches a broken agent are
@@ -185,7 +187,7 @@ func mutantsCmd(args []string) int {
 			fmt.Printf("%-16s could not run: %v\n", m.name, err)
 			continue
 		}
-		if h, herr := loadHistory(dir); herr == nil {
+		if h, herr := chaos.LoadHistory(dir); herr == nil {
 			report(lf, h, res, dir)
 		}
 		lf.Close()

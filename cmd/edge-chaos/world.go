@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 // world is every process of one campaign: a 3-member etcd, mosquitto
@@ -30,7 +31,7 @@ type world struct {
 	dir   string
 	out   io.Writer // the processes' output (procs.log)
 	links *links
-	fault *lineWriter
+	fault *chaos.LineWriter
 
 	etcd []*etcdMember
 
@@ -67,7 +68,7 @@ type ctlSlot struct {
 }
 
 func (w *world) record(kind, phase, target, detail string) {
-	w.fault.write(FaultRecord{T: time.Now().UnixNano(), Kind: kind, Phase: phase, Target: target, Detail: detail})
+	w.fault.Write(chaos.FaultRecord{T: time.Now().UnixNano(), Kind: kind, Phase: phase, Target: target, Detail: detail})
 }
 
 // --- etcd
@@ -368,14 +369,14 @@ func (w *world) replaceController(slot int) error {
 }
 
 // lastPaused reads the controller's history for its last self-pause.
-func (w *world) lastPaused(c *ctlSlot) (Event, bool) {
-	evs, _ := readLines[Event](filepath.Join(w.dir, "ctl-"+c.id+".jsonl"))
+func (w *world) lastPaused(c *ctlSlot) (chaos.Event, bool) {
+	evs, _ := chaos.ReadLines[chaos.Event](filepath.Join(w.dir, "ctl-"+c.id+".jsonl"))
 	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].Ev == evPaused {
+		if evs[i].Ev == chaos.EvPaused {
 			return evs[i], true
 		}
 	}
-	return Event{}, false
+	return chaos.Event{}, false
 }
 
 // deviceFence asks the agent's admin API for a device's last_fence.
