@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/chaos"
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 const (
@@ -207,7 +208,7 @@ func (c *campaign) setup() error {
 		w.etcdProxies = append(w.etcdProxies, "http://"+addr)
 	}
 	if o.embedded {
-		a, err := freeAddr()
+		a, err := rig.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -231,7 +232,7 @@ func (c *campaign) setup() error {
 		return err
 	}
 	w.fwProxy = fwp
-	admin, err := freeAddr()
+	admin, err := rig.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -246,8 +247,8 @@ func (c *campaign) setup() error {
 	}
 	w.agent.running.Store(true) // before the goroutine: close must wait for it
 	go w.agent.run()
-	if !waitFor(30*time.Second, w.agent.ready) {
-		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().ended(), filepath.Join(w.dir, "procs.log"))
+	if !rig.WaitFor(30*time.Second, w.agent.ready) {
+		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().Ended(), filepath.Join(w.dir, "procs.log"))
 	}
 	obsLog, err := chaos.OpenLines(filepath.Join(w.dir, "observer.jsonl"))
 	if err != nil {
@@ -419,21 +420,21 @@ func (c *campaign) settle() {
 	_ = w.setFirmwareFaults(`{}`)
 	w.ctlMu.Lock()
 	for _, s := range w.ctls {
-		_ = s.p.signal(syscall.SIGUSR2)
-		_ = s.p.signal(syscall.SIGCONT)
+		_ = s.p.Signal(syscall.SIGUSR2)
+		_ = s.p.Signal(syscall.SIGCONT)
 	}
 	w.ctlMu.Unlock()
 	w.mosqMu.Lock()
-	mosqDead := !c.o.embedded && (w.mosq == nil || !w.mosq.running())
+	mosqDead := !c.o.embedded && (w.mosq == nil || !w.mosq.Running())
 	w.mosqMu.Unlock()
 	if mosqDead {
 		_ = w.runMosquitto()
 	}
-	if p := w.firmwareProc(); p == nil || !p.running() {
+	if p := w.firmwareProc(); p == nil || !p.Running() {
 		_ = w.startFirmware()
 	}
 	for i, m := range w.etcd {
-		if p := w.etcdMemberProc(i); p == nil || !p.running() {
+		if p := w.etcdMemberProc(i); p == nil || !p.Running() {
 			_ = w.runEtcd(m, w.etcdInitial(), "existing")
 		}
 	}
@@ -447,7 +448,7 @@ func (c *campaign) settle() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.p.stop(syscall.SIGTERM, 30*time.Second)
+			s.p.Stop(syscall.SIGTERM, 30*time.Second)
 		}()
 	}
 	w.ctlMu.Unlock()
