@@ -73,8 +73,9 @@ chaos:
 	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
 	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) -broker $(BROKER) $(CHAOSFLAGS)
 
-# Every deliberate bug of internal/mutant, each built into an agent of its
-# own and run against a fixed-seed campaign: prints `caught K/6`, exit 0
+# Every deliberate bug (the patches in cmd/edge-chaos/mutants/), each built
+# into an agent of its own (go build -overlay: the tree is not changed) and
+# run against a fixed-seed campaign: prints `caught K/6`, exit 0
 # only when every mutant was caught. (make test runs it too with
 # CHAOS_MUTANTS=1.)
 chaos-mutants:

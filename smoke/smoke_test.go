@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/testkit"
 )
 
 // Under emulation everything is 5-20 times slower: generous deadlines.
@@ -105,16 +106,6 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func goBuild(t *testing.T, env []string, out string, args ...string) {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"build", "-o", out}, args...)...)
@@ -172,7 +163,7 @@ func TestSmoke(t *testing.T) {
 	})
 
 	dir := t.TempDir()
-	broker, admin := freeAddr(t), freeAddr(t)
+	broker, admin := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfg := fmt.Sprintf(`gateway_id: gw-smoke
 data_dir: %s
 mqtt: {broker: embedded, embedded_listen: %q, client_id: edge-agent-smoke}

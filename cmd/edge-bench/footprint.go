@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/edge-agent/edge-agent/internal/rig"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -116,15 +118,6 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // runFootprint runs -footprint for each broker kind and device count.
@@ -247,7 +240,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 		brokerURL, brokerPid = url, pid
 		mqttYAML = fmt.Sprintf("  broker: %s\n", url)
 	case "embedded":
-		addr, err := freeAddr()
+		addr, err := rig.FreeAddr()
 		if err != nil {
 			return r, err
 		}
@@ -261,7 +254,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 		return r, err
 	}
 	defer stopSim()
-	admin, err := freeAddr()
+	admin, err := rig.FreeAddr()
 	if err != nil {
 		return r, err
 	}
@@ -275,8 +268,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
 		return r, err
 	}
-	agent := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfgPath, "--log-level", "warn")
-	agent.Env = append(os.Environ(), agentEnv...)
+	env := agentEnv
 	var notify net.PacketConn
 	if idle > 0 {
 		// systemd's watchdog as the unit sets it (WatchdogSec=30s): the
@@ -294,16 +286,16 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 				}
 			}
 		}()
-		agent.Env = append(agent.Env, "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=30000000")
+		env = append(slices.Clip(env), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=30000000")
 	}
-	agent.Stderr = os.Stderr
-	if err := agent.Start(); err != nil {
+	agent, err := rig.Start(rig.Options{Env: env, Stderr: os.Stderr}, filepath.Join(bins, "edge-agent"), "run", "--config", cfgPath, "--log-level", "warn")
+	if err != nil {
 		return r, err
 	}
 	stopped := false
 	defer func() {
 		if !stopped {
-			waitOrKill(agent, 30*time.Second)
+			agent.Stop(syscall.SIGTERM, 30*time.Second)
 		}
 	}()
 	if err := waitReady(admin, 30*time.Second); err != nil {
@@ -312,7 +304,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 	if err := drive(brokerURL, n, 20*n, "warm"); err != nil {
 		return r, err
 	}
-	w0, c0, err := procIO(agent.Process.Pid)
+	w0, c0, err := procIO(agent.PID())
 	if err != nil {
 		return r, err
 	}
@@ -340,7 +332,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 		}
 		r.deviceBytes = float64(d1-d0) / float64(total)
 	}
-	w1, c1, err := procIO(agent.Process.Pid)
+	w1, c1, err := procIO(agent.PID())
 	if err != nil {
 		return r, err
 	}
@@ -359,7 +351,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 		// Wait for the Results' outbox deletions (store.Later, within 1 s)
 		// and the op index flush to settle, then count an idle stretch.
 		time.Sleep(3 * time.Second)
-		i0, _, err := procIO(agent.Process.Pid)
+		i0, _, err := procIO(agent.PID())
 		if err != nil {
 			return r, err
 		}
@@ -370,7 +362,7 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 			}
 		}
 		time.Sleep(idle)
-		i1, _, err := procIO(agent.Process.Pid)
+		i1, _, err := procIO(agent.PID())
 		if err != nil {
 			return r, err
 		}
@@ -383,12 +375,12 @@ func footprint(bins, dir, brokerDir, kind string, n, total int, idle time.Durati
 			r.idleDevice = float64(d1-d0) / idle.Seconds()
 		}
 	}
-	if r.peakRSS, err = peakRSS(agent.Process.Pid); err != nil {
+	if r.peakRSS, err = peakRSS(agent.PID()); err != nil {
 		return r, err
 	}
 	stopped = true
-	waitOrKill(agent, 30*time.Second)
-	if code := agent.ProcessState.ExitCode(); code != 0 {
+	agent.Stop(syscall.SIGTERM, 30*time.Second)
+	if code, _ := agent.Wait(time.Second); code != 0 {
 		return r, fmt.Errorf("edge-agent exit %d on SIGTERM", code)
 	}
 	fi, err := os.Stat(filepath.Join(dir, "data", "agent.db"))

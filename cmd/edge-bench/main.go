@@ -49,6 +49,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/rig"
 	"github.com/edge-agent/edge-agent/wire"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
@@ -722,12 +723,10 @@ func startMosquitto(dir string) (string, int, func(), error) {
 			return "", 0, nil, fmt.Errorf("mosquitto not installed (apt-get install mosquitto)")
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := rig.FreePort()
 	if err != nil {
 		return "", 0, nil, err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	conf, err := configs.LocalMosquittoConf(port, dir, "stderr", os.Geteuid() == 0, "log_type error")
 	if err != nil {
 		return "", 0, nil, err
@@ -736,9 +735,8 @@ func startMosquitto(dir string) (string, int, func(), error) {
 	if err := os.WriteFile(cp, conf, 0o600); err != nil {
 		return "", 0, nil, err
 	}
-	cmd := exec.Command(bin, "-c", cp)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
+	p, err := rig.Start(rig.Options{Stderr: os.Stderr}, bin, "-c", cp)
+	if err != nil {
 		return "", 0, nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -750,10 +748,10 @@ func startMosquitto(dir string) (string, int, func(), error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			cmd.Process.Kill()
+			p.Kill()
 			return "", 0, nil, fmt.Errorf("mosquitto did not start on %s", addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return "tcp://" + addr, cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }, nil
+	return "tcp://" + addr, p.PID(), p.Kill, nil
 }

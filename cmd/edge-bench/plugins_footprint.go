@@ -21,19 +21,21 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/internal/rig"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -220,25 +222,21 @@ func buildPluginsFor(dir, ldflags string) (string, int64, error) {
 // startPoliciesSim runs firmware-sim with the devices of
 // configs/agent-policies.yaml.
 func startPoliciesSim(bins string) (string, func(), error) {
-	cmd := exec.Command(filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--log-level", "warn",
+	// GOMAXPROCS=1: the device's own hardware (procs.go).
+	sim, err := rig.Start(rig.Options{Env: []string{"GOMAXPROCS=1"}, Lines: true}, filepath.Join(bins, "firmware-sim"), "--listen", "127.0.0.1:0", "--log-level", "warn",
 		"--devices", "pump-7:pump,valve-1:valve,relay-1:relay,pump-1:pump,valve-2:valve,mixer-1:generic")
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1") // the device's own hardware (procs.go)
-	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	r := bufio.NewReader(out)
+	r := sim.Lines()
 	line, err := r.ReadString('\n')
 	url := strings.TrimSpace(strings.TrimPrefix(line, "firmware-sim listening on "))
 	if err != nil || !strings.HasPrefix(url, "http://") {
-		waitOrKill(cmd, time.Second)
+		sim.Stop(syscall.SIGTERM, time.Second)
 		return "", nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
 	}
 	go io.Copy(io.Discard, r)
-	return url, func() { waitOrKill(cmd, 5*time.Second) }, nil
+	return url, func() { sim.Stop(syscall.SIGTERM, 5*time.Second) }, nil
 }
 
 // policiesYAML is configs/agent-policies.yaml pointed at this run's data
@@ -277,12 +275,10 @@ func policiesYAML(dataDir, broker, gateway, admin, simURL, plugins string, v fpV
 // the commands and reads its memory.
 func footprintRun(bins, dir, broker, simURL, plugins string, v fpVariant, idx int, start string) (fpResult, error) {
 	var r fpResult
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	admin, err := rig.FreeAddr()
 	if err != nil {
 		return r, err
 	}
-	admin := l.Addr().String()
-	l.Close()
 	// A gateway (and so a client ID, a session and topics) per variant.
 	gateway := fmt.Sprintf("fp-%d", idx)
 	y, err := policiesYAML(filepath.Join(dir, "data"), broker, gateway, admin, simURL, plugins, v)
@@ -293,14 +289,12 @@ func footprintRun(bins, dir, broker, simURL, plugins string, v fpVariant, idx in
 	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
 		return r, err
 	}
-	cmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
-	cmd.Env = append(append(os.Environ(), agentEnv...), v.env...)
-	cmd.Stderr = os.Stderr
 	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	agent, err := rig.Start(rig.Options{Env: append(slices.Clip(agentEnv), v.env...), Stderr: os.Stderr}, filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
+	if err != nil {
 		return r, err
 	}
-	defer waitOrKill(cmd, 10*time.Second)
+	defer agent.Stop(syscall.SIGTERM, 10*time.Second)
 	hc := &http.Client{Timeout: 2 * time.Second}
 	get := func(path string) (int, string) {
 		resp, err := hc.Get("http://" + admin + path)
@@ -333,12 +327,12 @@ func footprintRun(bins, dir, broker, simURL, plugins string, v fpVariant, idx in
 		return r, err
 	}
 	r.cmdsPerSec = float64(*fpCommands) / took.Seconds()
-	st, err := procStatus(cmd.Process.Pid)
+	st, err := procStatus(agent.PID())
 	if err != nil {
 		return r, err
 	}
 	r.hwm, r.rss, r.anon = st["VmHWM"], st["VmRSS"], st["RssAnon"]
-	r.code = nativeCode(cmd.Process.Pid)
+	r.code = nativeCode(agent.PID())
 	return r, nil
 }
 

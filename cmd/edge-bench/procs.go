@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -12,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 // buildBinaries builds edge-agent and firmware-sim into dir/bin.
@@ -31,27 +31,20 @@ func buildBinaries(dir string) (string, error) {
 // its stdin stops it.
 // With a device URL it is the device-echo baseline (startEcho).
 func startEchoProcess(broker, deviceURL string, n int, m *cpuMeter) (func(), error) {
-	cmd := exec.Command(os.Args[0], "-echo", broker, "-echo-device", deviceURL, "-echo-devices", fmt.Sprint(n))
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
+	in, stdin := io.Pipe()
+	p, err := rig.Start(rig.Options{Stdin: in, Stderr: os.Stderr, Lines: true}, os.Args[0], "-echo", broker, "-echo-device", deviceURL, "-echo-devices", fmt.Sprint(n))
 	if err != nil {
 		return nil, err
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
+	line, err := p.Lines().ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "ready" {
-		cmd.Process.Kill()
-		cmd.Wait()
+		stdin.Close()
+		p.Kill()
 		return nil, fmt.Errorf("echo process did not start: %q %v", line, err)
 	}
-	m.add("echo", cmd.Process.Pid)
-	return func() { in.Close(); waitOrKill(cmd, 5*time.Second) }, nil
+	go io.Copy(io.Discard, p.Lines())
+	m.add("echo", p.PID())
+	return func() { stdin.Close(); p.Stop(syscall.SIGTERM, 5*time.Second) }, nil
 }
 
 // startSimProcess runs firmware-sim with n generic devices d0.. (unit IDs
@@ -65,25 +58,20 @@ func startSimProcess(bins string, n int, m *cpuMeter, modbus bool) (string, stri
 	if modbus {
 		args = append(args, "--modbus", "127.0.0.1:0")
 	}
-	simCmd := exec.Command(filepath.Join(bins, "firmware-sim"), args...)
 	// The simulator stands in for device firmware, which runs on hardware
 	// of its own, not on the gateway's cores: one P keeps its share of
 	// this machine's two cores small (65 against 77 us of CPU per
 	// command with the default, measured 2026-11-30) so the agent is what
 	// is measured.
-	simCmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	out, err := simCmd.StdoutPipe()
+	sim, err := rig.Start(rig.Options{Env: []string{"GOMAXPROCS=1"}, Lines: true}, filepath.Join(bins, "firmware-sim"), args...)
 	if err != nil {
 		return "", "", nil, err
 	}
-	if err := simCmd.Start(); err != nil {
-		return "", "", nil, err
-	}
-	r := bufio.NewReader(out)
+	r := sim.Lines()
 	line, err := r.ReadString('\n')
 	url := strings.TrimSpace(strings.TrimPrefix(line, "firmware-sim listening on "))
 	if err != nil || !strings.HasPrefix(url, "http://") {
-		waitOrKill(simCmd, time.Second)
+		sim.Stop(syscall.SIGTERM, time.Second)
 		return "", "", nil, fmt.Errorf("firmware-sim did not start: %q %v", line, err)
 	}
 	var mbAddr string
@@ -91,13 +79,13 @@ func startSimProcess(bins string, n int, m *cpuMeter, modbus bool) (string, stri
 		line, err = r.ReadString('\n')
 		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "firmware-sim modbus on ")
 		if mbAddr, _, _ = strings.Cut(rest, " "); err != nil || !ok {
-			waitOrKill(simCmd, time.Second)
+			sim.Stop(syscall.SIGTERM, time.Second)
 			return "", "", nil, fmt.Errorf("firmware-sim's Modbus listener did not start: %q %v", line, err)
 		}
 	}
 	go io.Copy(io.Discard, r)
-	m.add("firmware-sim", simCmd.Process.Pid)
-	return url, mbAddr, func() { waitOrKill(simCmd, 5*time.Second) }, nil
+	m.add("firmware-sim", sim.PID())
+	return url, mbAddr, func() { sim.Stop(syscall.SIGTERM, 5*time.Second) }, nil
 }
 
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
@@ -111,13 +99,11 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 	if err != nil {
 		return nil, "", err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	admin, err := rig.FreeAddr()
 	if err != nil {
 		stopSim()
 		return nil, "", err
 	}
-	admin := l.Addr().String()
-	l.Close()
 	cfg := filepath.Join(dir, "agent.yaml")
 	yaml := agentYAML(filepath.Join(dir, "data"), broker, admin, url, keyFile, n)
 	if k.modbus() {
@@ -127,15 +113,13 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 		stopSim()
 		return nil, "", err
 	}
-	agentCmd := exec.Command(filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
-	agentCmd.Env = append(os.Environ(), agentEnv...)
-	agentCmd.Stderr = os.Stderr
-	if err := agentCmd.Start(); err != nil {
+	agent, err := rig.Start(rig.Options{Env: agentEnv, Stderr: os.Stderr}, filepath.Join(bins, "edge-agent"), "run", "--config", cfg, "--log-level", "warn")
+	if err != nil {
 		stopSim()
 		return nil, "", err
 	}
 	stop := func() {
-		waitOrKill(agentCmd, 10*time.Second)
+		agent.Stop(syscall.SIGTERM, 10*time.Second)
 		stopSim()
 	}
 	deadline := time.Now().Add(20 * time.Second)
@@ -144,7 +128,7 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				m.add("edge-agent", agentCmd.Process.Pid)
+				m.add("edge-agent", agent.PID())
 				return stop, admin, nil
 			}
 		}
@@ -153,18 +137,5 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 			return nil, "", fmt.Errorf("edge-agent not ready on %s within 20s", admin)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// waitOrKill sends SIGTERM and waits, then kills.
-func waitOrKill(cmd *exec.Cmd, within time.Duration) {
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(within):
-		cmd.Process.Kill()
-		<-done
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 // agentSup runs the agent process: it starts it, restarts it when it ends
@@ -26,7 +28,7 @@ type agentSup struct {
 	running atomic.Bool // run was started (close waits for it)
 
 	mu   sync.Mutex
-	p    *proc
+	p    *rig.Proc
 	spec string
 }
 
@@ -44,7 +46,7 @@ func newAgentSup(w *world, cfg string, seed uint64) *agentSup {
 	return &agentSup{w: w, cfg: cfg, seed: seed, cmds: make(chan agentCmd, 64), quit: make(chan struct{}), done: make(chan struct{})}
 }
 
-func (a *agentSup) proc() *proc {
+func (a *agentSup) proc() *rig.Proc {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.p
@@ -52,7 +54,7 @@ func (a *agentSup) proc() *proc {
 
 func (a *agentSup) start(spec string) error {
 	env := []string{"EDGE_AGENT_FAILPOINTS=" + spec, fmt.Sprintf("EDGE_AGENT_FAILPOINTS_SEED=%d", a.seed+uint64(a.starts.Load()))}
-	p, err := startProc("edge-agent", a.w.out, env, a.w.o.agentBin, "run", "--config", a.cfg, "--log-level", "warn")
+	p, err := rig.Start(rig.Options{Out: a.w.out, Env: env}, a.w.o.agentBin, "run", "--config", a.cfg, "--log-level", "warn")
 	if err != nil {
 		return err
 	}
@@ -64,7 +66,7 @@ func (a *agentSup) start(spec string) error {
 	if spec != "" {
 		detail = "EDGE_AGENT_FAILPOINTS=" + spec
 	}
-	a.w.record("agent_start", "start", fmt.Sprint(p.pid()), detail)
+	a.w.record("agent_start", "start", fmt.Sprint(p.PID()), detail)
 	return nil
 }
 
@@ -76,12 +78,12 @@ func (a *agentSup) run() {
 		p := a.proc()
 		select {
 		case <-a.quit:
-			p.stop(syscall.SIGTERM, 15*time.Second)
-			a.w.record("agent_exit", "end", fmt.Sprint(p.pid()), p.ended())
+			p.Stop(syscall.SIGTERM, 15*time.Second)
+			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
 			return
 		case c := <-a.cmds:
-			p.stop(c.sig, 15*time.Second)
-			a.w.record("agent_exit", "end", fmt.Sprint(p.pid()), p.ended())
+			p.Stop(c.sig, 15*time.Second)
+			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
 			if !a.pause(c.down) {
 				return
 			}
@@ -92,10 +94,10 @@ func (a *agentSup) run() {
 			if c.up != nil {
 				close(c.up)
 			}
-		case <-p.done:
+		case <-p.Done():
 			// Ended by itself: a crash point, a failed commit (fail
 			// stop), or a crash during recovery. Start it again, plain.
-			a.w.record("agent_exit", "end", fmt.Sprint(p.pid()), p.ended())
+			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
 			if !a.pause(300 * time.Millisecond) {
 				return
 			}
@@ -129,7 +131,7 @@ func (a *agentSup) close() {
 	if a.running.Load() {
 		<-a.done
 	} else if p := a.proc(); p != nil {
-		p.stop(syscall.SIGTERM, 15*time.Second)
+		p.Stop(syscall.SIGTERM, 15*time.Second)
 	}
 }
 
@@ -148,7 +150,7 @@ func (a *agentSup) ready() bool {
 func (a *agentSup) plain() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.spec == "" && a.p.running()
+	return a.spec == "" && a.p.Running()
 }
 
 func agentConfigPath(dir string) string { return filepath.Join(dir, "agent.yaml") }

@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 const (
@@ -29,19 +32,20 @@ type options struct {
 	ttl          time.Duration
 	out          string
 	keep         bool
-	tags         string // extra build tags of the agent (a mutant)
+	mutant       string // the agent is this mutant (mutants/NAME.patch)
+	overlay      string // go build -overlay file of the mutant's sources
 	agentBin     string // prebuilt agent (failpoints build); "": built
 	firmwareBin  string
 	self         string // this binary, re-executed as the controllers
 	etcdBin      string
 	mosquittoBin string
-	devices      []DeviceSpec
+	devices      []chaos.DeviceSpec
 	settle       time.Duration
 	porcupineTO  time.Duration
 	log          io.Writer // progress lines
 }
 
-var defaultDevices = []DeviceSpec{
+var defaultDevices = []chaos.DeviceSpec{
 	{ID: "hot", Type: "relay", Queryable: true, Hot: true},
 	{ID: "pump-a", Type: "pump", Queryable: true},
 	{ID: "valve-n", Type: "valve", Queryable: false},
@@ -55,7 +59,7 @@ type campaign struct {
 	o     options
 	w     *world
 	obs   *observer
-	meta  RunMeta
+	meta  chaos.RunMeta
 	start time.Time
 
 	faultsWG sync.WaitGroup
@@ -78,7 +82,7 @@ func (c *campaign) logf(format string, a ...any) {
 
 // runCampaign runs one campaign and checks it; it returns the check's
 // result (nil when the run could not be set up: err says why).
-func runCampaign(o options) (*CheckResult, string, error) {
+func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	dir := o.out
 	if dir == "" {
 		d, err := os.MkdirTemp("", fmt.Sprintf("edge-chaos-%d-", o.seed))
@@ -95,13 +99,14 @@ func runCampaign(o options) (*CheckResult, string, error) {
 		}
 	}
 	c := &campaign{o: o, start: time.Now(), injected: map[string]int{}, stopOp: make(chan struct{}), opDone: make(chan struct{})}
-	tags := "failpoints"
-	if o.tags != "" {
-		tags += "," + o.tags
-	}
+	const tags = "failpoints"
 	if o.agentBin == "" || o.firmwareBin == "" {
-		c.logf("building edge-agent (-tags %s) and firmware-sim", tags)
-		a, f, err := build(filepath.Join(dir, "bin"), tags)
+		what := ""
+		if o.mutant != "" {
+			what = ", mutant " + o.mutant
+		}
+		c.logf("building edge-agent (-tags %s%s) and firmware-sim", tags, what)
+		a, f, err := build(filepath.Join(dir, "bin"), tags, o.overlay)
 		if err != nil {
 			return nil, dir, err
 		}
@@ -117,13 +122,13 @@ func runCampaign(o options) (*CheckResult, string, error) {
 	if o.embedded {
 		broker = "embedded"
 	}
-	c.meta = RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Devices: o.devices}
+	c.meta = chaos.RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices}
 	logf, err := os.OpenFile(filepath.Join(dir, "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, dir, err
 	}
 	defer logf.Close()
-	faults, err := openLines(filepath.Join(dir, "faults.jsonl"))
+	faults, err := chaos.OpenLines(filepath.Join(dir, "faults.jsonl"))
 	if err != nil {
 		return nil, dir, err
 	}
@@ -167,16 +172,16 @@ func runCampaign(o options) (*CheckResult, string, error) {
 	w.agent.close()
 	c.obs.close()
 	w.stopAll()
-	faults.close()
+	faults.Close()
 	if err := c.writeMeta(); err != nil {
 		return nil, dir, err
 	}
 	c.logf("checking the history")
-	h, err := loadHistory(dir)
+	h, err := chaos.LoadHistory(dir)
 	if err != nil {
 		return nil, dir, err
 	}
-	res := check(h, dir, o.porcupineTO)
+	res := chaos.Check(h, dir, o.porcupineTO)
 	return res, dir, nil
 }
 
@@ -203,7 +208,7 @@ func (c *campaign) setup() error {
 		w.etcdProxies = append(w.etcdProxies, "http://"+addr)
 	}
 	if o.embedded {
-		a, err := freeAddr()
+		a, err := rig.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -227,7 +232,7 @@ func (c *campaign) setup() error {
 		return err
 	}
 	w.fwProxy = fwp
-	admin, err := freeAddr()
+	admin, err := rig.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -242,10 +247,10 @@ func (c *campaign) setup() error {
 	}
 	w.agent.running.Store(true) // before the goroutine: close must wait for it
 	go w.agent.run()
-	if !waitFor(30*time.Second, w.agent.ready) {
-		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().ended(), filepath.Join(w.dir, "procs.log"))
+	if !rig.WaitFor(30*time.Second, w.agent.ready) {
+		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().Ended(), filepath.Join(w.dir, "procs.log"))
 	}
-	obsLog, err := openLines(filepath.Join(w.dir, "observer.jsonl"))
+	obsLog, err := chaos.OpenLines(filepath.Join(w.dir, "observer.jsonl"))
 	if err != nil {
 		return err
 	}
@@ -319,7 +324,7 @@ func (c *campaign) operator() {
 }
 
 func (c *campaign) resolve(dev, op string) {
-	entries, err := readLines[struct {
+	entries, err := chaos.ReadLines[struct {
 		Device string `json:"device"`
 		OpID   string `json:"op_id"`
 	}](filepath.Join(c.w.dir, "journal.jsonl"))
@@ -415,21 +420,21 @@ func (c *campaign) settle() {
 	_ = w.setFirmwareFaults(`{}`)
 	w.ctlMu.Lock()
 	for _, s := range w.ctls {
-		_ = s.p.signal(syscall.SIGUSR2)
-		_ = s.p.signal(syscall.SIGCONT)
+		_ = s.p.Signal(syscall.SIGUSR2)
+		_ = s.p.Signal(syscall.SIGCONT)
 	}
 	w.ctlMu.Unlock()
 	w.mosqMu.Lock()
-	mosqDead := !c.o.embedded && (w.mosq == nil || !w.mosq.running())
+	mosqDead := !c.o.embedded && (w.mosq == nil || !w.mosq.Running())
 	w.mosqMu.Unlock()
 	if mosqDead {
 		_ = w.runMosquitto()
 	}
-	if p := w.firmwareProc(); p == nil || !p.running() {
+	if p := w.firmwareProc(); p == nil || !p.Running() {
 		_ = w.startFirmware()
 	}
 	for i, m := range w.etcd {
-		if p := w.etcdMemberProc(i); p == nil || !p.running() {
+		if p := w.etcdMemberProc(i); p == nil || !p.Running() {
 			_ = w.runEtcd(m, w.etcdInitial(), "existing")
 		}
 	}
@@ -443,7 +448,7 @@ func (c *campaign) settle() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.p.stop(syscall.SIGTERM, 30*time.Second)
+			s.p.Stop(syscall.SIGTERM, 30*time.Second)
 		}()
 	}
 	w.ctlMu.Unlock()
@@ -468,9 +473,9 @@ func (c *campaign) unfinished() []string {
 	files, _ := filepath.Glob(filepath.Join(c.w.dir, "ctl-*.jsonl"))
 	var out []string
 	for _, f := range files {
-		evs, _ := readLines[Event](f)
+		evs, _ := chaos.ReadLines[chaos.Event](f)
 		for _, e := range evs {
-			if e.Ev == evPublished && !c.obs.finalSeen(e.Op) {
+			if e.Ev == chaos.EvPublished && !c.obs.finalSeen(e.Op) {
 				out = append(out, e.Dev+"/"+e.Op)
 			}
 		}

@@ -98,7 +98,7 @@ func TestCampaignShortRun(t *testing.T) {
 }
 
 // make chaos-mutants, as a test (CHAOS_MUTANTS=1 make test): every mutant
-// agent of internal/mutant is caught by a fixed-seed campaign.
+// agent (cmd/edge-chaos/mutants/) is caught by a fixed-seed campaign.
 func TestMutantsAreCaught(t *testing.T) {
 	if os.Getenv("CHAOS_MUTANTS") != "1" {
 		t.Skip("set CHAOS_MUTANTS=1 to build every mutant agent and run the campaign against each (about 15 minutes)")

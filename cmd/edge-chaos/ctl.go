@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edge-agent/edge-agent/controller"
+	"github.com/edge-agent/edge-agent/internal/chaos"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -39,7 +40,7 @@ import (
 type ctlConfig struct {
 	id, out, broker, gateway string
 	etcd                     []string
-	devices                  []DeviceSpec
+	devices                  []chaos.DeviceSpec
 	seed                     uint64
 	ttl                      time.Duration
 	eager                    bool // resend after a short ResultTimeout (dedup is exercised); else wait patiently
@@ -75,7 +76,7 @@ func runController(args []string) int {
 
 type ctl struct {
 	c     ctlConfig
-	rec   *lineWriter
+	rec   *chaos.LineWriter
 	rng   *rand.Rand
 	conn  *controller.Conn
 	cli   *clientv3.Client
@@ -85,17 +86,17 @@ type ctl struct {
 	n     int           // operations invoked
 }
 
-func (k *ctl) event(e Event) {
+func (k *ctl) event(e chaos.Event) {
 	e.T, e.Src = time.Now().UnixNano(), k.c.id
-	k.rec.write(e)
+	k.rec.Write(e)
 }
 
 func controllerLoop(c ctlConfig) error {
-	rec, err := openLines(c.out)
+	rec, err := chaos.OpenLines(c.out)
 	if err != nil {
 		return err
 	}
-	defer rec.close()
+	defer rec.Close()
 	k := &ctl{c: c, rec: rec, rng: rand.New(rand.NewPCG(c.seed, c.seed^0x5eed)), cont: make(chan struct{}, 1)}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCONT)
@@ -131,7 +132,7 @@ func controllerLoop(c ctlConfig) error {
 		if k.stop.Load() {
 			return nil
 		}
-		k.event(Event{Ev: evNote, Err: "dial: " + err.Error()})
+		k.event(chaos.Event{Ev: chaos.EvNote, Err: "dial: " + err.Error()})
 		time.Sleep(500 * time.Millisecond)
 	}
 	defer k.conn.Close()
@@ -145,7 +146,7 @@ func controllerLoop(c ctlConfig) error {
 func (k *ctl) sleep(d time.Duration) { time.Sleep(d) }
 
 // pick chooses a device: the hot one often, else any.
-func (k *ctl) pick() DeviceSpec {
+func (k *ctl) pick() chaos.DeviceSpec {
 	for _, d := range k.c.devices {
 		if d.Hot && k.rng.IntN(100) < 40 {
 			return d
@@ -164,15 +165,15 @@ func (k *ctl) hold() {
 		RequestTimeout: time.Second, Name: k.c.id,
 	})
 	if err := h.Acquire(context.Background()); err != nil {
-		k.event(Event{Ev: evNote, Dev: d.ID, Lock: lock, Err: "acquire: " + err.Error()})
+		k.event(chaos.Event{Ev: chaos.EvNote, Dev: d.ID, Lock: lock, Err: "acquire: " + err.Error()})
 		return
 	}
-	k.event(Event{Ev: evAcquired, Dev: d.ID, Lock: lock, Fence: h.Fence()})
+	k.event(chaos.Event{Ev: chaos.EvAcquired, Dev: d.ID, Lock: lock, Fence: h.Fence()})
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		err := h.Release(ctx)
-		e := Event{Ev: evReleased, Dev: d.ID, Lock: lock, Fence: h.Fence()}
+		e := chaos.Event{Ev: chaos.EvReleased, Dev: d.ID, Lock: lock, Fence: h.Fence()}
 		if err != nil {
 			e.Err = err.Error()
 		}
@@ -186,9 +187,9 @@ func (k *ctl) hold() {
 	s := controller.NewSender(k.conn, owner, &controller.SendOptions{ResultTimeout: rt,
 		OnPublish: func(cmd wire.Command, err error) {
 			if err == nil {
-				k.event(Event{Ev: evPublished, Dev: d.ID, Op: cmd.OpID, Fence: cmd.Fence})
+				k.event(chaos.Event{Ev: chaos.EvPublished, Dev: d.ID, Op: cmd.OpID, Fence: cmd.Fence})
 			} else {
-				k.event(Event{Ev: evNote, Dev: d.ID, Op: cmd.OpID, Err: "publish: " + err.Error()})
+				k.event(chaos.Event{Ev: chaos.EvNote, Dev: d.ID, Op: cmd.OpID, Err: "publish: " + err.Error()})
 			}
 		}})
 	if !k.send(s, h, d, wire.ActionFence, nil, deadline) {
@@ -208,7 +209,7 @@ func (k *ctl) hold() {
 
 // command makes a random command the device's hardware accepts (and, now
 // and then, one it refuses: device_error).
-func (k *ctl) command(d DeviceSpec) (string, json.RawMessage) {
+func (k *ctl) command(d chaos.DeviceSpec) (string, json.RawMessage) {
 	r := k.rng.IntN(100)
 	switch d.Type {
 	case "pump":
@@ -238,25 +239,25 @@ func (k *ctl) command(d DeviceSpec) (string, json.RawMessage) {
 
 // send runs one operation to its end; false when the holder should stop
 // (ownership lost, or the campaign is stopping).
-func (k *ctl) send(s *controller.Sender, h *controller.Holder, d DeviceSpec, action string, params json.RawMessage, deadline time.Duration) bool {
+func (k *ctl) send(s *controller.Sender, h *controller.Holder, d chaos.DeviceSpec, action string, params json.RawMessage, deadline time.Duration) bool {
 	k.n++
 	op := fmt.Sprintf("%s-%d", k.c.id, k.n)
 	fence := h.Fence()
-	k.event(Event{Ev: evInvoked, Dev: d.ID, Op: op, Fence: fence, Action: action, Params: params, Lock: "locks/device/" + d.ID})
+	k.event(chaos.Event{Ev: chaos.EvInvoked, Dev: d.ID, Op: op, Fence: fence, Action: action, Params: params, Lock: "locks/device/" + d.ID})
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
 		r, err := s.Send(ctx, d.ID, action, params, controller.WithOpID(op))
 		cancel()
 		if r.OpID != "" {
 			rr := r
-			k.event(Event{Ev: evResult, Dev: d.ID, Op: op, Fence: fence, Result: &rr})
+			k.event(chaos.Event{Ev: chaos.EvResult, Dev: d.ID, Op: op, Fence: fence, Result: &rr})
 		}
 		var re *controller.ResultError
 		switch {
 		case err == nil:
 			return !(action == wire.ActionFence && r.LastFence < fence)
 		case errors.Is(err, controller.ErrLost), errors.Is(err, controller.ErrNotActive):
-			k.event(Event{Ev: evLost, Dev: d.ID, Op: op, Fence: fence, Err: err.Error()})
+			k.event(chaos.Event{Ev: chaos.EvLost, Dev: d.ID, Op: op, Fence: fence, Err: err.Error()})
 			return false
 		case errors.As(err, &re) && !wire.Recorded(re.Result.Code) && attempt < 3 && !k.stop.Load():
 			// Not recorded: a resend with the same op_id is handled
@@ -269,7 +270,7 @@ func (k *ctl) send(s *controller.Sender, h *controller.Holder, d DeviceSpec, act
 			k.sleep(200 * time.Millisecond) // the broker is away: the same op_id again
 			continue
 		default:
-			k.event(Event{Ev: evGaveUp, Dev: d.ID, Op: op, Fence: fence, Err: err.Error()})
+			k.event(chaos.Event{Ev: chaos.EvGaveUp, Dev: d.ID, Op: op, Fence: fence, Err: err.Error()})
 			return false
 		}
 	}
@@ -288,7 +289,7 @@ type pausingOwner struct {
 func (o *pausingOwner) Check() error {
 	err := o.Holder.Check()
 	if err == nil && o.k.armed.CompareAndSwap(true, false) {
-		o.k.event(Event{Ev: evPaused, Fence: o.Holder.Fence(), Lock: o.Holder.Locks()[0]})
+		o.k.event(chaos.Event{Ev: chaos.EvPaused, Fence: o.Holder.Fence(), Lock: o.Holder.Locks()[0]})
 		// SIGSTOP takes effect some time after kill(2) returns: wait
 		// here for the SIGCONT that ends the pause, so nothing is
 		// published in between.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 // inject carries out one scheduled fault, from its start to its end, and
@@ -20,9 +22,9 @@ func (c *campaign) inject(f fault) {
 		s := w.ctl(f.Slot)
 		target = s.id
 		start(f.String())
-		_ = s.p.signal(syscall.SIGUSR1)
-		if !waitFor(8*time.Second, s.p.stopped) {
-			_ = s.p.signal(syscall.SIGUSR2)
+		_ = s.p.Signal(syscall.SIGUSR1)
+		if !rig.WaitFor(8*time.Second, s.p.Stopped) {
+			_ = s.p.Signal(syscall.SIGUSR2)
 			end("not reached: the controller made no ownership check within 8s")
 			return
 		}
@@ -33,25 +35,25 @@ func (c *campaign) inject(f fault) {
 		ev, _ := w.lastPaused(s)
 		dev := lockDevice(ev.Lock)
 		time.Sleep(c.o.ttl + 500*time.Millisecond)
-		raised := waitFor(15*time.Second, func() bool {
+		raised := rig.WaitFor(15*time.Second, func() bool {
 			lf, ok := w.deviceFence(dev)
 			return ok && lf > ev.Fence
 		})
-		_ = s.p.signal(syscall.SIGCONT)
+		_ = s.p.Signal(syscall.SIGCONT)
 		end(fmt.Sprintf("paused holder of %s at fence %d resumed; newer fence on the device: %v", dev, ev.Fence, raised))
 	case fCtlPause:
 		s := w.ctl(f.Slot)
 		target = s.id
 		start(f.String())
-		_ = s.p.signal(syscall.SIGSTOP)
+		_ = s.p.Signal(syscall.SIGSTOP)
 		time.Sleep(f.For)
-		_ = s.p.signal(syscall.SIGCONT)
+		_ = s.p.Signal(syscall.SIGCONT)
 		end("")
 	case fCtlKill:
 		s := w.ctl(f.Slot)
 		target = s.id
 		start(f.String())
-		s.p.kill()
+		s.p.Kill()
 		time.Sleep(f.For)
 		if err := w.replaceController(f.Slot); err != nil {
 			end("replacement failed: " + err.Error())
@@ -81,7 +83,7 @@ func (c *campaign) inject(f fault) {
 			w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind, up: up})
 			select {
 			case <-up:
-				waitFor(10*time.Second, w.agent.ready)
+				rig.WaitFor(10*time.Second, w.agent.ready)
 			case <-time.After(20 * time.Second):
 			}
 			time.Sleep(f.For / 3)
@@ -96,7 +98,7 @@ func (c *campaign) inject(f fault) {
 		w.mosqMu.Lock()
 		p := w.mosq
 		w.mosqMu.Unlock()
-		p.stop(syscall.SIGTERM, 15*time.Second)
+		p.Stop(syscall.SIGTERM, 15*time.Second)
 		time.Sleep(f.For)
 		if err := w.runMosquitto(); err != nil {
 			end("restart failed: " + err.Error())
@@ -112,7 +114,7 @@ func (c *campaign) inject(f fault) {
 		}
 		target = w.etcd[i].name
 		start(f.String())
-		w.etcdMemberProc(i).kill()
+		w.etcdMemberProc(i).Kill()
 		time.Sleep(f.For)
 		if err := w.runEtcd(w.etcd[i], w.etcdInitial(), "existing"); err != nil {
 			end("restart failed: " + err.Error())
@@ -175,7 +177,7 @@ func (c *campaign) inject(f fault) {
 		end("")
 	case fFwKill:
 		start(f.String())
-		w.firmwareProc().kill()
+		w.firmwareProc().Kill()
 		time.Sleep(f.For)
 		if err := w.startFirmware(); err != nil {
 			end("restart failed: " + err.Error())

@@ -12,7 +12,7 @@
 //
 //	edge-chaos [run] [-seed N] [-duration D] [-broker mosquitto|embedded] [-controllers N] [-out DIR] [-keep]
 //	edge-chaos check DIR        check a recorded history again
-//	edge-chaos mutants [-seed N] [-duration D]   build each mutant agent and show the campaign catches it
+//	edge-chaos mutants [-seed N] [-duration D] [-only NAME,...]   build each mutant agent (mutants/*.patch) and show the campaign catches it
 //
 // Exit status: 0 when the history has no violation, 1 when it has (the
 // last line says `violations: N`), 2 on a usage error, 3 when the
@@ -27,6 +27,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -130,8 +132,8 @@ func runCmd(args []string) int {
 
 // finishRun prints the report; the history is removed when it is clean
 // and not to be kept.
-func finishRun(o options, res *CheckResult, dir string) int {
-	h, err := loadHistory(dir)
+func finishRun(o options, res *chaos.CheckResult, dir string) int {
+	h, err := chaos.LoadHistory(dir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
 		return 3
@@ -158,12 +160,12 @@ func checkCmd(args []string) int {
 		return 2
 	}
 	dir := fs.Arg(0)
-	h, err := loadHistory(dir)
+	h, err := chaos.LoadHistory(dir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
 		return 3
 	}
-	res := check(h, dir, *to)
+	res := chaos.Check(h, dir, *to)
 	report(os.Stdout, h, res, dir)
 	if len(res.Violations) > 0 {
 		return 1

@@ -9,6 +9,8 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 // links are the campaign's network faults: toxiproxy (run in this process)
@@ -34,7 +36,7 @@ func newLinks() *links {
 // add starts a proxy named name in front of upstream and returns its
 // listening address.
 func (l *links) add(name, upstream string) (string, error) {
-	listen, err := freeAddr()
+	listen, err := rig.FreeAddr()
 	if err != nil {
 		return "", err
 	}

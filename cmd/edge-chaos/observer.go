@@ -8,6 +8,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/internal/chaos"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -17,7 +18,7 @@ import (
 // is recorded too. It connects to the broker directly, not through the
 // campaign's network faults.
 type observer struct {
-	rec *lineWriter
+	rec *chaos.LineWriter
 	cli paho.Client
 
 	mu      sync.Mutex
@@ -34,7 +35,7 @@ type opSeen struct {
 	codes     map[wire.Code]int
 }
 
-func newObserver(rec *lineWriter, broker, prefix, gateway string) *observer {
+func newObserver(rec *chaos.LineWriter, broker, prefix, gateway string) *observer {
 	o := &observer{rec: rec, ops: map[string]*opSeen{}}
 	topics := map[string]byte{
 		prefix + "/" + gateway + "/controllers/+/reply": 1,
@@ -60,11 +61,11 @@ func (o *observer) onMessage(_ paho.Client, m paho.Message) {
 	}
 	var r wire.Result
 	if err := json.Unmarshal(m.Payload(), &r); err != nil {
-		o.rec.write(Event{T: time.Now().UnixNano(), Src: "observer", Ev: evNote, Err: fmt.Sprintf("%s: not a Result: %v", m.Topic(), err)})
+		o.rec.Write(chaos.Event{T: time.Now().UnixNano(), Src: "observer", Ev: chaos.EvNote, Err: fmt.Sprintf("%s: not a Result: %v", m.Topic(), err)})
 		return
 	}
 	now := time.Now().UnixNano()
-	o.rec.write(Event{T: now, Src: "observer", Ev: evResult, Dev: r.Device, Op: r.OpID, Fence: r.Fence, Result: &r})
+	o.rec.Write(chaos.Event{T: now, Src: "observer", Ev: chaos.EvResult, Dev: r.Device, Op: r.OpID, Fence: r.Fence, Result: &r})
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.results++

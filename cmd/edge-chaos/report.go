@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 // faultCounts counts the faults by kind from the history (starts), with the
 // agent's exits by how they ended.
-func faultCounts(h *History) (map[string]int, map[string]int) {
+func faultCounts(h *chaos.History) (map[string]int, map[string]int) {
 	kinds, exits := map[string]int{}, map[string]int{}
 	for _, f := range h.Faults {
 		switch {
@@ -28,9 +30,13 @@ func faultCounts(h *History) (map[string]int, map[string]int) {
 
 // report prints the summary table, and writes every violation with its
 // window to DIR/violations.txt.
-func report(out io.Writer, h *History, res *CheckResult, dir string) {
+func report(out io.Writer, h *chaos.History, res *chaos.CheckResult, dir string) {
 	m := h.Meta
-	fmt.Fprintf(out, "\nedge-chaos: seed %d, %s of faults, broker %s, agent built with -tags %s\n", m.Seed, m.Duration, m.Broker, m.Tags)
+	agent := "-tags " + m.Tags
+	if m.Mutant != "" {
+		agent += " and the mutant " + m.Mutant
+	}
+	fmt.Fprintf(out, "\nedge-chaos: seed %d, %s of faults, broker %s, agent built with %s\n", m.Seed, m.Duration, m.Broker, agent)
 	fmt.Fprintf(out, "history: %s\n\n", dir)
 	fmt.Fprintf(out, "%-40s %8d\n", "commands (operations invoked)", res.Ops)
 	fmt.Fprintf(out, "%-40s %8d\n", "  of which barriers", res.Barriers)
@@ -74,7 +80,7 @@ func report(out io.Writer, h *History, res *CheckResult, dir string) {
 	if len(res.Violations) > 0 {
 		var b strings.Builder
 		for i, v := range res.Violations {
-			fmt.Fprintf(&b, "violation %d: [%s] %s %s at %s: %s\n", i+1, v.Check, v.Dev, v.Op, m.stamp(v.T), v.Msg)
+			fmt.Fprintf(&b, "violation %d: [%s] %s %s at %s: %s\n", i+1, v.Check, v.Dev, v.Op, m.Stamp(v.T), v.Msg)
 			for _, l := range v.Window {
 				fmt.Fprintf(&b, "    %s\n", l)
 			}
@@ -87,7 +93,7 @@ func report(out io.Writer, h *History, res *CheckResult, dir string) {
 			if i == 3 {
 				break
 			}
-			fmt.Fprintf(out, "  [%s] %s %s at %s: %s\n", v.Check, v.Dev, v.Op, m.stamp(v.T), v.Msg)
+			fmt.Fprintf(out, "  [%s] %s %s at %s: %s\n", v.Check, v.Dev, v.Op, m.Stamp(v.T), v.Msg)
 			for j, l := range v.Window {
 				if j == 25 {
 					fmt.Fprintf(out, "      ... (%d more lines in violations.txt)\n", len(v.Window)-25)

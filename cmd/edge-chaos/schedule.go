@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
 )
 
 // The fault kinds, in the report's order.
@@ -78,7 +80,7 @@ func (f fault) String() string {
 // same list (kinds, times, targets, settings). What the faults hit (which
 // command is in flight when the agent dies) depends on process
 // scheduling and is not reproducible.
-func schedule(seed uint64, dur time.Duration, ctls int, devices []DeviceSpec, ttl time.Duration, embedded bool) []fault {
+func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSpec, ttl time.Duration, embedded bool) []fault {
 	rng := rand.New(rand.NewPCG(seed, seed^0xc4a05))
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	var out []fault

@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/internal/chaos"
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 // world is every process of one campaign: a 3-member etcd, mosquitto
@@ -30,16 +32,16 @@ type world struct {
 	dir   string
 	out   io.Writer // the processes' output (procs.log)
 	links *links
-	fault *lineWriter
+	fault *chaos.LineWriter
 
 	etcd []*etcdMember
 
 	mosqMu   sync.Mutex
-	mosq     *proc
+	mosq     *rig.Proc
 	mosqAddr string
 
 	fwMu   sync.Mutex
-	fw     *proc
+	fw     *rig.Proc
 	fwAddr string
 
 	fwProxy     string   // the agent's firmware URL: through toxiproxy
@@ -57,17 +59,17 @@ type world struct {
 type etcdMember struct {
 	name, client, peer, data string
 	mu                       sync.Mutex
-	p                        *proc
+	p                        *rig.Proc
 }
 
 type ctlSlot struct {
 	slot, gen int
 	id        string
-	p         *proc
+	p         *rig.Proc
 }
 
 func (w *world) record(kind, phase, target, detail string) {
-	w.fault.write(FaultRecord{T: time.Now().UnixNano(), Kind: kind, Phase: phase, Target: target, Detail: detail})
+	w.fault.Write(chaos.FaultRecord{T: time.Now().UnixNano(), Kind: kind, Phase: phase, Target: target, Detail: detail})
 }
 
 // --- etcd
@@ -75,11 +77,11 @@ func (w *world) record(kind, phase, target, detail string) {
 func (w *world) startEtcd() error {
 	var initial []string
 	for i := 0; i < 3; i++ {
-		c, err := freeAddr()
+		c, err := rig.FreeAddr()
 		if err != nil {
 			return err
 		}
-		p, err := freeAddr()
+		p, err := rig.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -125,7 +127,7 @@ func (w *world) etcdInitial() string {
 }
 
 func (w *world) runEtcd(m *etcdMember, initial, state string) error {
-	p, err := startProc("etcd-"+m.name, w.out, nil, w.o.etcdBin,
+	p, err := rig.Start(rig.Options{Out: w.out}, w.o.etcdBin,
 		"--name", m.name, "--data-dir", m.data,
 		"--listen-client-urls", m.client, "--advertise-client-urls", m.client,
 		"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
@@ -188,7 +190,7 @@ func indexOf(ms []*etcdMember, m *etcdMember) int {
 	return -1
 }
 
-func (w *world) etcdMemberProc(i int) *proc {
+func (w *world) etcdMemberProc(i int) *rig.Proc {
 	m := w.etcd[i]
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -198,7 +200,7 @@ func (w *world) etcdMemberProc(i int) *proc {
 // --- mosquitto
 
 func (w *world) startMosquitto() error {
-	addr, err := freeAddr()
+	addr, err := rig.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -221,15 +223,15 @@ func (w *world) startMosquitto() error {
 }
 
 func (w *world) runMosquitto() error {
-	p, err := startProc("mosquitto", w.out, nil, w.o.mosquittoBin, "-c", filepath.Join(w.dir, "mosquitto", "mosquitto.conf"))
+	p, err := rig.Start(rig.Options{Out: w.out}, w.o.mosquittoBin, "-c", filepath.Join(w.dir, "mosquitto", "mosquitto.conf"))
 	if err != nil {
 		return err
 	}
 	w.mosqMu.Lock()
 	w.mosq = p
 	w.mosqMu.Unlock()
-	if !waitFor(10*time.Second, func() bool { return dialable(w.mosqAddr) }) {
-		return fmt.Errorf("mosquitto does not accept connections on %s within 10s (%s)", w.mosqAddr, p.ended())
+	if !rig.WaitFor(10*time.Second, func() bool { return dialable(w.mosqAddr) }) {
+		return fmt.Errorf("mosquitto does not accept connections on %s within 10s (%s)", w.mosqAddr, p.Ended())
 	}
 	return nil
 }
@@ -255,26 +257,26 @@ func (w *world) fwArgs() []string {
 
 func (w *world) startFirmware() error {
 	if w.fwAddr == "" {
-		a, err := freeAddr()
+		a, err := rig.FreeAddr()
 		if err != nil {
 			return err
 		}
 		w.fwAddr = a
 	}
-	p, err := startProc("firmware-sim", w.out, []string{"GOMAXPROCS=1"}, w.o.firmwareBin, w.fwArgs()...)
+	p, err := rig.Start(rig.Options{Out: w.out, Env: []string{"GOMAXPROCS=1"}}, w.o.firmwareBin, w.fwArgs()...)
 	if err != nil {
 		return err
 	}
 	w.fwMu.Lock()
 	w.fw = p
 	w.fwMu.Unlock()
-	if !waitFor(10*time.Second, func() bool { return dialable(w.fwAddr) }) {
-		return fmt.Errorf("firmware-sim does not listen on %s within 10s (%s)", w.fwAddr, p.ended())
+	if !rig.WaitFor(10*time.Second, func() bool { return dialable(w.fwAddr) }) {
+		return fmt.Errorf("firmware-sim does not listen on %s within 10s (%s)", w.fwAddr, p.Ended())
 	}
 	return nil
 }
 
-func (w *world) firmwareProc() *proc {
+func (w *world) firmwareProc() *rig.Proc {
 	w.fwMu.Lock()
 	defer w.fwMu.Unlock()
 	return w.fw
@@ -341,7 +343,7 @@ func (w *world) startController(slot, gen int) (*ctlSlot, error) {
 		"--broker", w.brokerURL, "--gateway", gatewayID, "--etcd", strings.Join(w.etcdProxies, ","),
 		"--devices", string(devs), "--seed", fmt.Sprint(w.o.seed*1000 + uint64(slot)*37 + uint64(gen)),
 		"--ttl", w.o.ttl.String(), fmt.Sprintf("--eager=%v", slot%2 == 0)}
-	p, err := startProc(id, w.out, nil, w.o.self, args...)
+	p, err := rig.Start(rig.Options{Out: w.out}, w.o.self, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -368,14 +370,14 @@ func (w *world) replaceController(slot int) error {
 }
 
 // lastPaused reads the controller's history for its last self-pause.
-func (w *world) lastPaused(c *ctlSlot) (Event, bool) {
-	evs, _ := readLines[Event](filepath.Join(w.dir, "ctl-"+c.id+".jsonl"))
+func (w *world) lastPaused(c *ctlSlot) (chaos.Event, bool) {
+	evs, _ := chaos.ReadLines[chaos.Event](filepath.Join(w.dir, "ctl-"+c.id+".jsonl"))
 	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].Ev == evPaused {
+		if evs[i].Ev == chaos.EvPaused {
 			return evs[i], true
 		}
 	}
-	return Event{}, false
+	return chaos.Event{}, false
 }
 
 // deviceFence asks the agent's admin API for a device's last_fence.
@@ -395,14 +397,17 @@ func (w *world) deviceFence(dev string) (int64, bool) {
 	return d.LastFence, true
 }
 
-// build compiles the agent (with the failpoints tag and extra tags) and
-// firmware-sim into dir.
-func build(dir, tags string) (agent, firmware string, err error) {
+// build compiles the agent (with tags and, for a mutant, its go build
+// -overlay file) and firmware-sim into dir.
+func build(dir, tags, overlay string) (agent, firmware string, err error) {
 	agent, firmware = filepath.Join(dir, "edge-agent"), filepath.Join(dir, "firmware-sim")
-	for _, b := range []struct{ out, pkg, tags string }{{agent, "./cmd/edge-agent", tags}, {firmware, "./firmware-sim", ""}} {
+	for _, b := range []struct{ out, pkg, tags, overlay string }{{agent, "./cmd/edge-agent", tags, overlay}, {firmware, "./firmware-sim", "", ""}} {
 		args := []string{"build", "-o", b.out}
 		if b.tags != "" {
 			args = append(args, "-tags", b.tags)
+		}
+		if b.overlay != "" {
+			args = append(args, "-overlay", b.overlay)
 		}
 		cmd := exec.Command("go", append(args, b.pkg)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -417,7 +422,7 @@ func (w *world) stopAll() {
 	w.ctlMu.Lock()
 	for _, c := range w.ctls {
 		if c != nil {
-			c.p.kill()
+			c.p.Kill()
 		}
 	}
 	w.ctlMu.Unlock()
@@ -425,16 +430,16 @@ func (w *world) stopAll() {
 		w.agent.close()
 	}
 	if p := w.firmwareProc(); p != nil {
-		p.stop(syscall.SIGTERM, 5*time.Second)
+		p.Stop(syscall.SIGTERM, 5*time.Second)
 	}
 	w.mosqMu.Lock()
 	if w.mosq != nil {
-		w.mosq.stop(syscall.SIGTERM, 5*time.Second)
+		w.mosq.Stop(syscall.SIGTERM, 5*time.Second)
 	}
 	w.mosqMu.Unlock()
 	for i := range w.etcd {
 		if p := w.etcdMemberProc(i); p != nil {
-			p.kill()
+			p.Kill()
 		}
 	}
 	if w.links != nil {

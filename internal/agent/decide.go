@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/device"
-	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -156,9 +155,6 @@ func Arrive(a Arrival) (Admission, wire.Code) {
 // record / acknowledgement of a queued or pending one -> busy when the
 // worker holds more than limit commands besides the one in hand -> inbox.
 func Dedup(rec *store.Op, sameContent bool, depth, limit int64) (Admission, wire.Code) {
-	if mutant.DedupOff { // a deliberate bug, only in the mutant_dedup_off build
-		rec = nil
-	}
 	switch {
 	case rec != nil && !sameContent:
 		return AdmitAnswer, wire.CodeOpConflict
@@ -186,7 +182,7 @@ func Check(r DeviceRules, o *store.Op, d store.Device, now time.Time) Decision {
 		// Invariant 7: until the floor is taken, last_fence may be below
 		// a fence this gateway once accepted, so no fence can be judged.
 		return end(wire.CodeFenceUnconfirmed, "gateway cannot yet confirm it remembers %s's fences (its fence floor from etcd is not taken); retry later with backoff", o.Device)
-	case o.Fence < d.LastFence && !mutant.FenceCheckOff: // the mutant: a deliberate bug, never in a normal build
+	case o.Fence < d.LastFence:
 		// Invariant 1: a fence below last_fence never reaches the device.
 		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d", o.Fence, o.Device, d.LastFence)
 	case o.Action == wire.ActionFence:
@@ -234,9 +230,6 @@ func AfterWrite(o *store.Op, res device.WriteResult) Decision {
 		if !o.WasUnknown {
 			return end(wire.CodeDeviceUnreachable, "%s could not be reached: %s", o.Device, res.Reason)
 		}
-	}
-	if mutant.UnknownAsFailed { // a deliberate bug, only in the mutant_unknown_failed build
-		return end(wire.CodeDeviceUnreachable, "%s: %s", o.Device, res.Reason)
 	}
 	return Decision{Step: StepUnknown, Reason: fmt.Sprintf("the write to %s may or may not have happened: %s", o.Device, res.Reason)}
 }
@@ -307,7 +300,7 @@ func AfterReadBack(o *store.Op, rb device.ReadBack) Decision {
 // may have raised last_fence above o's fence. ok is false then, and dec is
 // stale_fence (invariants 1 and 7).
 func Refloored(o *store.Op, d store.Device) (dec Decision, ok bool) {
-	if o.Fence < d.LastFence && !mutant.FenceCheckOff {
+	if o.Fence < d.LastFence {
 		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d (raised by a fence floor while the command was being checked)", o.Fence, o.Device, d.LastFence), false
 	}
 	return Decision{}, true

@@ -9,7 +9,6 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
-	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -40,10 +39,6 @@ func (a *Agent) intakeLoop() {
 				return // left unacknowledged: the broker redelivers it
 			}
 			ar := a.admit(d)
-			if mutant.AckBeforeCommit && ar.d.Ack != nil { // a deliberate bug, only in the mutant_ack_early build
-				ar.d.Ack()
-				ar.d.Ack = nil
-			}
 			select {
 			case a.acks <- ar:
 			case <-a.failed:

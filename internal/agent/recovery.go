@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/edge-agent/edge-agent/internal/config"
-	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
 )
@@ -69,9 +68,6 @@ func (a *Agent) recover(ctx context.Context) error {
 				a.held.Add(1)
 			}
 			it := item{InboxEntry: e}
-			if mutant.RecoverySkipsPending && st == store.OpPending { // a deliberate bug, only in the mutant_recovery_skip build
-				o.Status, st, it.op = store.OpQueued, store.OpQueued, &o
-			}
 			entries = append(entries, entry{it, st})
 			return nil
 		}); err != nil {

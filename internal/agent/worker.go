@@ -16,7 +16,6 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
-	"github.com/edge-agent/edge-agent/internal/mutant"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -705,10 +704,6 @@ func (a *Agent) recordOutcome(tx *store.Tx, o *store.Op, lastFence int64, dev *s
 		if err := tx.InboxDelete(o.Worker, o.InboxSeq); err != nil {
 			return err
 		}
-	}
-	if mutant.PublishBeforeCommit { // a deliberate bug, only in the mutant_publish_early build
-		a.pub.push(outboxItem(e))
-		return nil
 	}
 	tx.OnCommit(func() { a.pub.push(outboxItem(e)) })
 	return nil

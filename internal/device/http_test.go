@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -53,13 +52,7 @@ func write(key string, params string) device.Write {
 // closedPort is a loopback address nothing listens on.
 func closedPort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return "http://" + addr
+	return "http://" + testkit.FreeAddr(t)
 }
 
 func wantResult(t testing.TB, got device.WriteResult, outcome device.Outcome, tries int, reason string) {

@@ -2,15 +2,15 @@
 // (Eventually), free loopback ports, a TCP proxy that can cut, refuse and
 // freeze connections (Proxy), a process starter that stops only what it
 // started, by PID (StartProc), and a builder of the project's binaries,
-// once per test binary (Build). The brokers and etcd servers tests need are
-// in its subpackages mqtttest and etcdtest.
+// once per test binary (Build). The ports, processes and proxy are
+// internal/rig's (which the chaos campaign and the benchmarks use too),
+// tied here to a test's failure and cleanup. The brokers and etcd servers
+// tests need are in its subpackages mqtttest and etcdtest.
 package testkit
 
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 // Eventually polls cond every 5ms until it holds, and fails the test with
@@ -35,37 +37,15 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 	}
 }
 
-// FreePort returns a loopback TCP port that is free now, taken below the
-// kernel's ephemeral range (ip_local_port_range) when it can: a server
-// restarted on the same port must not find it taken by some client's
-// outgoing connection, which gets its local port from that range.
+// FreePort returns a loopback TCP port that is free now (rig.FreePort:
+// below the kernel's ephemeral range when it can).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	lo := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				lo = n
-			}
-		}
-	}
-	const base = 10000
-	if lo > base+1000 {
-		for range 200 {
-			port := base + rand.IntN(lo-base)
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-			if err == nil {
-				_ = ln.Close()
-				return port
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := rig.FreePort()
 	if err != nil {
-		t.Fatalf("testkit: free port: %v", err)
+		t.Fatalf("testkit: %v", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // FreeAddr is 127.0.0.1 with a FreePort.

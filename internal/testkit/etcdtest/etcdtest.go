@@ -75,8 +75,8 @@ func tryStart(t testing.TB, n int) (*Cluster, error) {
 	for i := 0; i < n; i++ {
 		m := &Member{
 			Name:      fmt.Sprintf("m%d", i),
-			ClientURL: "http://" + FreeAddr(t),
-			PeerURL:   "http://" + FreeAddr(t),
+			ClientURL: "http://" + testkit.FreeAddr(t),
+			PeerURL:   "http://" + testkit.FreeAddr(t),
 		}
 		m.DataDir = filepath.Join(dir, m.Name)
 		m.LogFile = filepath.Join(dir, m.Name+".log")
@@ -291,7 +291,3 @@ func (c *Cluster) Client(t testing.TB) *clientv3.Client {
 	t.Cleanup(func() { cli.Close() })
 	return cli
 }
-
-// FreeAddr returns a loopback address with a port that was free a moment
-// ago (testkit.FreeAddr).
-func FreeAddr(t testing.TB) string { return testkit.FreeAddr(t) }

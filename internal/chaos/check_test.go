@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"encoding/json"
@@ -34,8 +34,8 @@ func (b *hist) op(ms int, ctl, dev, op string, fence int64, action, params strin
 		p = json.RawMessage(params)
 	}
 	b.h.Events = append(b.h.Events,
-		Event{T: b.at(ms), Src: ctl, Ev: evInvoked, Dev: dev, Op: op, Fence: fence, Action: action, Params: p},
-		Event{T: b.at(ms) + 1, Src: ctl, Ev: evPublished, Dev: dev, Op: op, Fence: fence})
+		Event{T: b.at(ms), Src: ctl, Ev: EvInvoked, Dev: dev, Op: op, Fence: fence, Action: action, Params: p},
+		Event{T: b.at(ms) + 1, Src: ctl, Ev: EvPublished, Dev: dev, Op: op, Fence: fence})
 	return b
 }
 
@@ -46,7 +46,7 @@ func (b *hist) res(ms int, dev, op string, fence int64, code wire.Code, lf int64
 	if output != "" {
 		r.Output = json.RawMessage(output)
 	}
-	b.h.Events = append(b.h.Events, Event{T: b.at(ms), Src: "observer", Ev: evResult, Dev: dev, Op: op, Fence: fence, Result: &r})
+	b.h.Events = append(b.h.Events, Event{T: b.at(ms), Src: "observer", Ev: EvResult, Dev: dev, Op: op, Fence: fence, Result: &r})
 	return b
 }
 
@@ -101,6 +101,9 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 			[]string{"results per operation"}},
 		{"a second, different final", clean().res(22, "r", "a-2", 5, wire.CodeOK, 5, `{"on":true}`, false, 21),
 			[]string{"results per operation"}},
+		{"an unrecorded final, then a different one (final means final)", clean().op(40, "a", "p", "a-5", 5, "set", `{"rpm":10}`).
+			res(41, "p", "a-5", 5, wire.CodeDeviceUnreachable, 5, "", false, 41).res(43, "p", "a-5", 5, wire.CodeNotApplied, 5, "", false, 42),
+			[]string{"final means final"}},
 		{"device_unreachable for a write that happened (unknown as failed)", clean().op(40, "a", "r", "a-9", 5, "toggle", "").
 			applied(41, "r", "a-9", 5, "toggle", "").res(42, "r", "a-9", 5, wire.CodeDeviceUnreachable, 5, "", false, 41),
 			[]string{"nothing rejected/failed applied"}},
@@ -119,7 +122,7 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			res := check(&tc.h.h, dir, 10*time.Second)
+			res := Check(&tc.h.h, dir, 10*time.Second)
 			got := map[string]bool{}
 			for _, v := range res.Violations {
 				got[v.Check] = true
@@ -161,7 +164,7 @@ func TestEmbeddedBrokerCrashExemption(t *testing.T) {
 		b := clean().op(40, "c", "r", "c-1", 5, "toggle", "")
 		b.h.Meta.Broker = broker
 		b.h.Faults = append(b.h.Faults, FaultRecord{T: b.at(300), Kind: "agent_exit", Phase: "end", Detail: "signal killed"})
-		res := check(&b.h, t.TempDir(), 10*time.Second)
+		res := Check(&b.h, t.TempDir(), 10*time.Second)
 		if want := map[string]int{"mosquitto": 1, "embedded": 0}[broker]; len(res.Violations) != want || res.Exempt != 1-want {
 			t.Errorf("%s: %d violations, %d exempt; want %d violations", broker, len(res.Violations), res.Exempt, want)
 		}
@@ -189,5 +192,42 @@ func TestStepFence(t *testing.T) {
 	}
 	if n := stepFence(s, opIn{fence: 5, typ: "relay", action: "toggle", applied: 2}, opOut{open: true}); n != nil {
 		t.Errorf("an op applied twice is possible: %v", n)
+	}
+}
+
+// Final means final (invariant 8): a final Result, recorded or not, is
+// never followed by a different one for the same op_id; a busy before it
+// and a replay (duplicate: true, last_fence as it is now) after it are not
+// a second final.
+func TestFinalMeansFinal(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    *hist
+		want int // violations of "final means final"
+	}{
+		{"device_unreachable, then ok for the same op_id", clean().op(40, "a", "p", "a-5", 5, "set", `{"rpm":10}`).
+			res(41, "p", "a-5", 5, wire.CodeDeviceUnreachable, 5, "", false, 41).
+			applied(44, "p", "a-5", 5, "set", `{"rpm":10}`).res(45, "p", "a-5", 5, wire.CodeOK, 5, `{"rpm":10}`, false, 44), 1},
+		{"ok, then a replay that says device_error", clean().res(30, "r", "a-2", 5, wire.CodeDeviceError, 5, "", true, 29), 1},
+		{"busy, then ok, then a faithful replay", clean().op(40, "a", "p", "a-5", 5, "set", `{"rpm":10}`).
+			res(41, "p", "a-5", 5, wire.CodeBusy, 5, "", false, 41).
+			applied(44, "p", "a-5", 5, "set", `{"rpm":10}`).res(45, "p", "a-5", 5, wire.CodeOK, 5, `{"rpm":10}`, false, 44).
+			res(50, "p", "a-5", 5, wire.CodeOK, 7, `{"rpm":10}`, true, 44), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Check(&tc.h.h, t.TempDir(), 10*time.Second)
+			got := 0
+			for _, l := range res.Checks {
+				if l.Name == "final means final" {
+					got = l.Violations
+				}
+			}
+			if got != tc.want {
+				t.Errorf("final means final: %d violations, want %d; all: %v", got, tc.want, summarize(res.Violations))
+			}
+			if tc.want == 0 && len(res.Violations) > 0 {
+				t.Errorf("an honest history has violations: %v", summarize(res.Violations))
+			}
+		})
 	}
 }

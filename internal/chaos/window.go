@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"fmt"
@@ -31,11 +31,11 @@ func (c *checker) window(o *opHist, t int64) []string {
 		if e.Op != o.id && (dev != o.dev || e.T < from || e.T > to) {
 			continue
 		}
-		s := fmt.Sprintf("%s %-14s %-9s %s", m.stamp(e.T), e.Src, e.Ev, e.Op)
+		s := fmt.Sprintf("%s %-14s %-9s %s", m.Stamp(e.T), e.Src, e.Ev, e.Op)
 		switch {
 		case e.Result != nil:
-			s += fmt.Sprintf(" %s/%s lf=%d dup=%v at=%s %s", e.Result.Status, e.Result.Code, e.Result.LastFence, e.Result.Duplicate, m.stamp(e.Result.At.UnixNano()), shortJSON(e.Result.Output))
-		case e.Ev == evInvoked:
+			s += fmt.Sprintf(" %s/%s lf=%d dup=%v at=%s %s", e.Result.Status, e.Result.Code, e.Result.LastFence, e.Result.Duplicate, m.Stamp(e.Result.At.UnixNano()), shortJSON(e.Result.Output))
+		case e.Ev == EvInvoked:
 			s += fmt.Sprintf(" fence=%d %s %s", e.Fence, e.Action, shortJSON(e.Params))
 		case e.Err != "":
 			s += " " + e.Err
@@ -47,12 +47,12 @@ func (c *checker) window(o *opHist, t int64) []string {
 	for _, j := range c.h.Journal {
 		at := j.At.UnixNano()
 		if j.OpID == o.id || (j.Device == o.dev && at >= from && at <= to) {
-			lines = append(lines, line{at, fmt.Sprintf("%s %-14s %-9s %s fence=%d seq=%d key=%s %s %s", m.stamp(at), "firmware", "applied", j.OpID, j.Fence, j.Seq, j.Key, j.Action, shortJSON(j.Params))})
+			lines = append(lines, line{at, fmt.Sprintf("%s %-14s %-9s %s fence=%d seq=%d key=%s %s %s", m.Stamp(at), "firmware", "applied", j.OpID, j.Fence, j.Seq, j.Key, j.Action, shortJSON(j.Params))})
 		}
 	}
 	for _, f := range c.h.Faults {
 		if f.T >= from && f.T <= to {
-			lines = append(lines, line{f.T, fmt.Sprintf("%s %-14s %-9s %s %s", m.stamp(f.T), "fault", f.Phase, f.Kind, strings.TrimSpace(f.Target+" "+f.Detail))})
+			lines = append(lines, line{f.T, fmt.Sprintf("%s %-14s %-9s %s %s", m.Stamp(f.T), "fault", f.Phase, f.Kind, strings.TrimSpace(f.Target+" "+f.Detail))})
 		}
 	}
 	sort.SliceStable(lines, func(i, j int) bool { return lines[i].t < lines[j].t })

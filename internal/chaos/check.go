@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"encoding/json"
@@ -78,13 +78,14 @@ type checker struct {
 
 // check runs the direct checks and the porcupine model on h, writing
 // porcupine visualizations of illegal histories into dir.
-func check(h *History, dir string, porcupineTimeout time.Duration) *CheckResult {
+func Check(h *History, dir string, porcupineTimeout time.Duration) *CheckResult {
 	c := &checker{h: h, ops: map[string]*opHist{}, byDev: map[string][]*opHist{}, dir: dir, porTO: porcupineTimeout,
 		res: &CheckResult{Outcomes: map[string]int{}, Porcupine: map[string]string{}}, counts: map[string]int{}}
 	c.build()
 	c.checkResults()
 	c.checkJournal()
 	c.checkFinal()
+	c.checkFinalMeansFinal()
 	c.checkModel()
 	sort.SliceStable(c.res.Violations, func(i, j int) bool { return c.res.Violations[i].T < c.res.Violations[j].T })
 	return c.res
@@ -102,17 +103,17 @@ func (c *checker) op(id, dev string) *opHist {
 func (c *checker) build() {
 	for _, e := range c.h.Events {
 		switch e.Ev {
-		case evInvoked:
+		case EvInvoked:
 			o := c.op(e.Op, e.Dev)
 			if o.invoked == 0 {
 				o.invoked, o.ctl, o.fence, o.action, o.params = e.T, e.Src, e.Fence, e.Action, e.Params
 			}
-		case evPublished:
+		case EvPublished:
 			o := c.op(e.Op, e.Dev)
 			o.published = append(o.published, e.T)
-		case evGaveUp:
+		case EvGaveUp:
 			c.op(e.Op, e.Dev).gaveUp = true
-		case evResult:
+		case EvResult:
 			if e.Result == nil || e.Op == "" {
 				continue
 			}
@@ -270,6 +271,40 @@ func (c *checker) checkResults() {
 				c.res.Outcomes["none"]++
 			} else {
 				c.res.Outcomes["never published"]++
+			}
+		}
+	}
+	c.line(name, "")
+}
+
+// notFinal are the rejections that say nothing happened: the same op_id
+// may be sent again and end otherwise (docs/protocol.md, "What is
+// recorded").
+var notFinal = map[wire.Code]bool{wire.CodeBusy: true, "fence_unconfirmed": true}
+
+// checkFinalMeansFinal (invariant 8): a final Result (any but unknown,
+// busy and fence_unconfirmed) is never followed, for the same op_id, by a
+// different one, recorded or not. A replay (duplicate: true) says the same
+// outcome with the device's last_fence of now; the outbox's publishing the
+// very same Result again after a crash is not a second final either.
+func (c *checker) checkFinalMeansFinal() {
+	const name = "final means final"
+	for _, o := range c.ops {
+		var first *wire.Result
+		for _, s := range o.results {
+			r := s.r
+			if !r.Final() || notFinal[r.Code] || unexpected[r.Code] {
+				continue // unexpected codes are reported by "results per operation"
+			}
+			if first == nil {
+				rr := r
+				first = &rr
+				continue
+			}
+			if !sameResult(r, *first, !r.Duplicate && !first.Duplicate) {
+				c.violate(name, o, s.t, "final %s/%s (duplicate %v, at %s) followed by a different final %s/%s (duplicate %v, at %s)",
+					first.Status, first.Code, first.Duplicate, first.At.Format(time.RFC3339Nano), r.Status, r.Code, r.Duplicate, r.At.Format(time.RFC3339Nano))
+				break
 			}
 		}
 	}
@@ -436,7 +471,7 @@ func (c *checker) checkModel() {
 			model := fenceModel(spec.Type)
 			t := int64(0)
 			for _, w := range window {
-				lines = append(lines, fmt.Sprintf("%s .. %s  %s", c.h.Meta.stamp(w.Call), c.h.Meta.stamp(w.Return), model.DescribeOperation(w.Input, w.Output)))
+				lines = append(lines, fmt.Sprintf("%s .. %s  %s", c.h.Meta.Stamp(w.Call), c.h.Meta.Stamp(w.Return), model.DescribeOperation(w.Input, w.Output)))
 				t = max(t, w.Call)
 			}
 			if err != nil {

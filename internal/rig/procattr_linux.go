@@ -1,8 +1,8 @@
-package testkit
+package rig
 
 import "syscall"
 
-// procAttr kills a started process if the test process dies without cleaning up.
+// procAttr kills a started process if this process dies without stopping it.
 func procAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"bufio"
@@ -30,15 +30,15 @@ import (
 
 // Event kinds in controller and observer files.
 const (
-	evInvoked   = "invoked"   // about to publish an operation for the first time
-	evPublished = "published" // the broker acknowledged a publish of it (PUBACK)
-	evResult    = "result"    // a Result arrived for it
-	evGaveUp    = "gaveup"    // the controller stopped waiting for it
-	evAcquired  = "acquired"  // a lock was taken: Fence is its token
-	evLost      = "lost"      // the holder lost ownership
-	evReleased  = "released"  // the lock was released
-	evPaused    = "paused"    // the controller stopped itself after an ownership check (a stale holder)
-	evNote      = "note"      // anything else worth reading in a window
+	EvInvoked   = "invoked"   // about to publish an operation for the first time
+	EvPublished = "published" // the broker acknowledged a publish of it (PUBACK)
+	EvResult    = "result"    // a Result arrived for it
+	EvGaveUp    = "gaveup"    // the controller stopped waiting for it
+	EvAcquired  = "acquired"  // a lock was taken: Fence is its token
+	EvLost      = "lost"      // the holder lost ownership
+	EvReleased  = "released"  // the lock was released
+	EvPaused    = "paused"    // the controller stopped itself after an ownership check (a stale holder)
+	EvNote      = "note"      // anything else worth reading in a window
 )
 
 // Event is one line of a controller's or the observer's file.
@@ -65,22 +65,22 @@ type FaultRecord struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// lineWriter appends JSON lines to a file, one write(2) per line, so a
+// LineWriter appends JSON lines to a file, one write(2) per line, so a
 // SIGKILL of the writer never leaves half a line behind a whole one.
-type lineWriter struct {
+type LineWriter struct {
 	mu sync.Mutex
 	f  *os.File
 }
 
-func openLines(path string) (*lineWriter, error) {
+func OpenLines(path string) (*LineWriter, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	return &lineWriter{f: f}, nil
+	return &LineWriter{f: f}, nil
 }
 
-func (w *lineWriter) write(v any) {
+func (w *LineWriter) Write(v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		panic(fmt.Sprintf("history: marshal %T: %v", v, err))
@@ -90,15 +90,15 @@ func (w *lineWriter) write(v any) {
 	_, _ = w.f.Write(append(b, '\n'))
 }
 
-func (w *lineWriter) close() error {
+func (w *LineWriter) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.f.Close()
 }
 
-// readLines decodes the complete lines of path (a missing file has none; a
+// ReadLines decodes the complete lines of path (a missing file has none; a
 // torn last line, cut by a SIGKILL, is skipped).
-func readLines[T any](path string) ([]T, error) {
+func ReadLines[T any](path string) ([]T, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -137,8 +137,9 @@ type History struct {
 type RunMeta struct {
 	Seed     uint64            `json:"seed"`
 	Duration string            `json:"duration"`
-	Broker   string            `json:"broker"` // mosquitto or embedded
-	Tags     string            `json:"tags"`   // the agent's build tags
+	Broker   string            `json:"broker"`           // mosquitto or embedded
+	Tags     string            `json:"tags"`             // the agent's build tags
+	Mutant   string            `json:"mutant,omitempty"` // the agent is this mutant (mutants/NAME.patch)
 	Devices  []DeviceSpec      `json:"devices"`
 	Start    int64             `json:"start"`
 	End      int64             `json:"end"` // when the faults stopped
@@ -164,8 +165,8 @@ func (m RunMeta) device(id string) (DeviceSpec, bool) {
 	return DeviceSpec{}, false
 }
 
-// loadHistory reads a run directory.
-func loadHistory(dir string) (*History, error) {
+// LoadHistory reads a run directory.
+func LoadHistory(dir string) (*History, error) {
 	h := &History{}
 	b, err := os.ReadFile(filepath.Join(dir, "run.json"))
 	if err != nil {
@@ -180,24 +181,24 @@ func loadHistory(dir string) (*History, error) {
 	}
 	files = append(files, filepath.Join(dir, "observer.jsonl"))
 	for _, f := range files {
-		evs, err := readLines[Event](f)
+		evs, err := ReadLines[Event](f)
 		if err != nil {
 			return nil, err
 		}
 		h.Events = append(h.Events, evs...)
 	}
 	sort.SliceStable(h.Events, func(i, j int) bool { return h.Events[i].T < h.Events[j].T })
-	if h.Faults, err = readLines[FaultRecord](filepath.Join(dir, "faults.jsonl")); err != nil {
+	if h.Faults, err = ReadLines[FaultRecord](filepath.Join(dir, "faults.jsonl")); err != nil {
 		return nil, err
 	}
-	if h.Journal, err = readLines[sim.Entry](filepath.Join(dir, "journal.jsonl")); err != nil {
+	if h.Journal, err = ReadLines[sim.Entry](filepath.Join(dir, "journal.jsonl")); err != nil {
 		return nil, err
 	}
 	return h, nil
 }
 
 // stamp renders a Unix-nanosecond time relative to the run's start.
-func (m RunMeta) stamp(t int64) string {
+func (m RunMeta) Stamp(t int64) string {
 	if t == 0 || t == never {
 		return "      -"
 	}
