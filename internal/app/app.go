@@ -246,9 +246,6 @@ func (a *App) BrokerURL() string {
 	return a.cfg.MQTT.Broker
 }
 
-// Agent returns the running agent.
-func (a *App) Agent() *agent.Agent { return a.ag }
-
 // Store returns the open store.
 func (a *App) Store() *store.Store { return a.st }
 

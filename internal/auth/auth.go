@@ -106,16 +106,6 @@ func (v *Verifier) SetKeys(keys []Key) error {
 	return nil
 }
 
-// KeyIDs lists the key IDs in use.
-func (v *Verifier) KeyIDs() []string {
-	ring := *v.ring.Load()
-	ids := make([]string, 0, len(ring))
-	for id := range ring {
-		ids = append(ids, id)
-	}
-	return ids
-}
-
 // allows reports whether k may command dev.
 func (k *Key) allows(dev string) bool {
 	if len(k.Devices) == 0 {

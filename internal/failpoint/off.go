@@ -23,8 +23,5 @@ func Armed(point, op string) bool { return false }
 // Err is nil in a build without failpoints.
 func Err(point string) error { return nil }
 
-// Set fails in a build without failpoints.
-func Set(spec string) error { return ErrDisabled }
-
 // SetFunc fails in a build without failpoints.
 func SetFunc(point string, f func() error) (func(), error) { return func() {}, ErrDisabled }

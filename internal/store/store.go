@@ -240,9 +240,6 @@ func (s *Store) Quiet() bool {
 	return len(s.reqs) == 0 && len(s.later) == 0 && !s.committing
 }
 
-// Path returns the file's path.
-func (s *Store) Path() string { return s.db.Path() }
-
 // Update runs fn in the next group commit and returns once that commit is
 // durable (fsynced), or failed. fn must not block, and should return an
 // error only for a real failure: any error aborts the whole batch, fails
