@@ -7,7 +7,7 @@ import "errors"
 // Enabled is false: this build has no failpoints.
 const Enabled = false
 
-// ErrDisabled is returned by Set and SetFunc in a build without failpoints.
+// ErrDisabled is returned by SetFunc in a build without failpoints.
 var ErrDisabled = errors.New("failpoint: this build has no failpoints (build with -tags failpoints)")
 
 // FromEnv does nothing in a build without failpoints: the environment
