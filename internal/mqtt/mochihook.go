@@ -17,7 +17,9 @@ import (
 
 // sessionHook is mochi-mqtt v2.7.9's bbolt storage hook with four
 // defects of mochi fixed around it, each of which loses or reorders QoS 1
-// messages of a persistent session (the agent's command subscription):
+// messages of a persistent session (the agent's command subscription).
+// docs/mochi.md describes each, and mochi_defects_test.go reproduces each
+// against upstream mochi:
 //
 //  1. The bolt hook does not store an in-flight message's packet ID. After
 //     a broker restart every restored message has ID 0, they collapse
