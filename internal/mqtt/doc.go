@@ -43,7 +43,8 @@
 // or reorder a persistent session's messages (see sessionHook: packet IDs
 // not stored, resend order random within a second, one packet-ID space
 // for both directions, a publish acknowledged before it is routed so that
-// a later one from another connection can overtake it; docs/mochi.md).
+// a later one from another connection can overtake it; docs/mochi.md,
+// which also describes a fifth defect that is not worked around).
 //
 // # Tests
 //
