@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// A regression: the admin token check accepted a bare token without "Bearer "
+// A past defect: the admin token check accepted a bare token without "Bearer "
 // and refused a lowercase scheme (RFC 6750: the scheme is
 // case-insensitive).
 func TestBearer(t *testing.T) {
