@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The lock registry is injectable (issue 9): a mark in one registry holds
+// The lock registry is injectable: a mark in one registry holds
 // back an Acquire that shares it, and no other.
 func TestRegistryMarksAndIsolation(t *testing.T) {
 	a, b := NewRegistry(), NewRegistry()

@@ -1,6 +1,6 @@
 package e2e
 
-// Regression tests for the defects an outside review reproduced (issue 9).
+// Regression tests for the defects an outside review reproduced.
 // Each failed before its fix; keep them with attack_test.go's record.
 
 import (

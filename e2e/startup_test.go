@@ -14,7 +14,7 @@ import (
 	"github.com/edge-agent/edge-agent/wire"
 )
 
-// A cold start (issue 13): with an empty compilation cache the Go plugins
+// A cold start: with an empty compilation cache the Go plugins
 // take seconds to compile. Meanwhile the agent process answers /healthz,
 // /readyz says what it waits for ("compiling plugins N/M"), and commands
 // wait, undecided, in the broker: they are decided afterwards by their

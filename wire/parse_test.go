@@ -213,7 +213,7 @@ func FuzzFastPathAgrees(f *testing.F) {
 }
 
 // docs/protocol.md §1: op_conflict compares params as JSON values; number
-// formatting must not matter, whatever the exponent (issue 9, defect 6:
+// formatting must not matter, whatever the exponent (a past defect:
 // beyond |exponent| 400 the literal was kept, so 1e401 and 10e400 hashed
 // differently and a resend was answered op_conflict).
 func TestContentHashIgnoresNumberFormatting(t *testing.T) {

@@ -183,7 +183,7 @@ func TestPolicyTestCommand(t *testing.T) {
 		{"rewrite", []string{"--command", high, "--config", clamp}, 0, []string{"decision: allow", `params rewritten: {"rpm":3000}`}},
 		{"not wasm", []string{"--command", ok, "--config", cfg, "--plugin-override", write("bad.wasm", "garbage")}, 1, []string{"bad.wasm"}},
 		{"missing command", nil, 2, []string{"--command"}},
-		// The plugin's own reason for failing is printed (issue 11).
+		// The plugin's own reason for failing is printed.
 		{"config rejected", []string{"--command", ok, "--config", write("badcfg.json", `{"param":""}`)}, 1,
 			[]string{"error: ", `plugin says (ERROR): policy.config: "param" must be a non-empty string`}},
 		{"json", []string{"--command", high, "--config", cfg, "--json"}, 0,
@@ -213,7 +213,7 @@ func TestPolicyTestCommand(t *testing.T) {
 }
 
 // config check prints every problem of a configuration, one per line
-// naming its key, and exits 2; a sound one exits 0 (issue 11).
+// naming its key, and exits 2; a sound one exits 0.
 func TestConfigCheck(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")

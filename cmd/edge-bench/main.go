@@ -700,6 +700,17 @@ func generate(broker string, n int, dur time.Duration, t target, m *cpuMeter) (s
 	if f := fails.Load(); f > 0 {
 		return stats{}, fmt.Errorf("%d commands got no Result within 30s", f)
 	}
+	st, err := latencies(lat, dur-dur/10)
+	if err != nil {
+		return stats{}, err
+	}
+	st.cpu, st.cpuParts, st.cpuNames = cpu, cpuParts, m.names
+	return st, nil
+}
+
+// latencies sums up the latencies of a run's devices, measured over
+// measured: the count, commands per second, p50 and p99.
+func latencies(lat [][]time.Duration, measured time.Duration) (stats, error) {
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
@@ -708,9 +719,8 @@ func generate(broker string, n int, dur time.Duration, t target, m *cpuMeter) (s
 		return stats{}, fmt.Errorf("no command completed")
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
-	measured := dur - dur/10
 	return stats{n: len(all), perSec: float64(len(all)) / measured.Seconds(),
-		p50: all[len(all)/2], p99: all[len(all)*99/100], cpu: cpu, cpuParts: cpuParts, cpuNames: m.names}, nil
+		p50: all[len(all)/2], p99: all[len(all)*99/100]}, nil
 }
 
 // startMosquitto runs mosquitto with the shipped configs/mosquitto.conf,

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The Modbus table (issue 12): edge-agent with the same commands ({"v":N},
+// The Modbus table (BENCHMARKS.md): edge-agent with the same commands ({"v":N},
 // action set) to the same simulated generic devices, over HTTP, over
 // Modbus TCP (the value to holding register 0, the state read back from
 // it after each write, as the HTTP device reports its state), and over

@@ -2,7 +2,7 @@ package main
 
 // -footprint-plugins: the agent's memory and start-up with the five
 // example Go plugins bound to six devices (configs/agent-policies.yaml),
-// as a process of its own against mosquitto and firmware-sim, for issue 13
+// as a process of its own against mosquitto and firmware-sim
 // (BENCHMARKS.md, "Policy plugins: footprint and start-up").
 //
 // For each variant (a lever against the baseline, in the same run) the

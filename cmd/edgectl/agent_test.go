@@ -20,7 +20,7 @@ import (
 // edgectl against a real agent (in-process, embedded broker, firmware-sim):
 // send prints the interim unknown Result and keeps waiting; history lists
 // the device's operations newest first; resolve answers for the held write,
-// and send then ends with the final Result (issue 11).
+// and send then ends with the final Result.
 func TestSendHistoryResolveAgainstTheAgent(t *testing.T) {
 	s := sim.StartForTest(t, map[string]string{"valve-1": "valve"})
 	brokerAddr := testkit.FreeAddr(t)

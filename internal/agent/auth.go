@@ -10,6 +10,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/edge-agent/edge-agent/internal/auth"
+	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/wire"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
@@ -108,7 +109,7 @@ func (a *Agent) unauthorized(ar *arrival, dev string, msg []byte, e *auth.Error)
 		lf = rt.lastFence.Load()
 	}
 	opID, fence := echo(msg)
-	a.log.Warn("unauthorized command refused", "device", clip(dev, 80), "op_id", opID, "fence", fence, "key", e.KeyID, "reason", e.Reason)
+	a.log.Warn("unauthorized command refused", "device", clip.String(dev, 80), "op_id", opID, "fence", fence, "key", e.KeyID, "reason", e.Reason)
 	a.answerOnArrival(ar, "", wire.Result{V: wire.Version, OpID: opID, Device: dev, Fence: fence,
 		Status: wire.StatusRejected, Code: wire.CodeUnauthorized, Reason: e.Reason, LastFence: lf, At: a.now().UTC()})
 }

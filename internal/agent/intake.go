@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/auth"
+	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -75,13 +76,13 @@ func (a *Agent) admit(d Delivery) *arrival {
 		// clear it.
 		a.m.retained.Inc()
 		if len(d.Payload) > 0 {
-			a.log.Warn("ignoring a retained message on a cmd topic, and clearing it", "topic", clip(d.Topic, 120))
+			a.log.Warn("ignoring a retained message on a cmd topic, and clearing it", "topic", clip.String(d.Topic, 120))
 			a.pub.push(pubItem{topic: d.Topic, payload: nil, retained: true, dev: d.Topic})
 		}
 		return ar
 	case kind == AdmitIgnore:
 		if len(d.Payload) > 0 {
-			a.log.Warn("ignoring a message on an unexpected topic", "topic", clip(d.Topic, 120))
+			a.log.Warn("ignoring a message on an unexpected topic", "topic", clip.String(d.Topic, 120))
 		}
 		return ar
 	case code == wire.CodeUnauthorized:
@@ -99,7 +100,7 @@ func (a *Agent) admit(d Delivery) *arrival {
 		case wire.CodeInvalid:
 			r.OpID, r.Fence, r.Reason, replyTo = pe.OpID, pe.Fence, pe.Reason, pe.ReplyTo
 		case wire.CodeUnknownDevice:
-			r.Reason = fmt.Sprintf("device %q is not configured on gateway %s", clip(dev, 80), gw)
+			r.Reason = fmt.Sprintf("device %q is not configured on gateway %s", clip.String(dev, 80), gw)
 		}
 		a.answerOnArrival(ar, replyTo, r)
 		return ar
@@ -216,7 +217,7 @@ func (a *Agent) answerOnArrival(ar *arrival, replyTo string, r wire.Result) {
 func (a *Agent) unpublishable(topic, dev string, code wire.Code) {
 	a.m.unpublishable.Inc()
 	a.log.Warn("a Result cannot be published (its topic is not a valid MQTT topic); dropped",
-		"topic", clip(topic, 120), "topic_bytes", len(topic), "device", clip(dev, 80), "code", code)
+		"topic", clip.String(topic, 120), "topic_bytes", len(topic), "device", clip.String(dev, 80), "code", code)
 }
 
 // refusal is the Result of a command refused on arrival after the store
@@ -231,14 +232,6 @@ func (a *Agent) refusal(rt *devRT, dev string, cmd wire.Command, code wire.Code)
 		r.Reason = fmt.Sprintf("the queue of %s is full (%d commands); retry later with backoff", dev, rt.w.limit)
 	}
 	return r
-}
-
-// clip shortens s for a log line or a reason.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }
 
 // ackLoop acknowledges deliveries strictly in arrival order, each once its

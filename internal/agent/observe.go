@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/wire"
 )
 
@@ -79,7 +80,7 @@ func (a *Agent) logArrival(dev string, cmd *wire.Command, retained bool, size in
 		return
 	}
 	a.log.LogAttrs(context.Background(), slog.LevelDebug, "arrival",
-		slog.String("device", clip(dev, 80)), slog.String("op_id", cmd.OpID), slog.Int64("fence", cmd.Fence),
+		slog.String("device", clip.String(dev, 80)), slog.String("op_id", cmd.OpID), slog.Int64("fence", cmd.Fence),
 		slog.String("action", cmd.Action), slog.String("holder", cmd.Holder),
 		slog.Bool("retained", retained), slog.Int("bytes", size))
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire/jws"
@@ -220,7 +221,7 @@ func (p *publisher) loop() {
 			}
 			if errors.Is(err, ErrUnpublishable) {
 				// It never will be: drop it, logged and counted, rather
-				// than block everything behind it (issue 9, defect 1).
+				// than block everything behind it.
 				p.drop(*next, err)
 				continue
 			}
@@ -304,8 +305,8 @@ func (p *publisher) sign(it *pubItem) error {
 // outbox (nothing would ever take it out), a waiter is released.
 func (p *publisher) drop(it pubItem, err error) {
 	p.a.m.unpublishable.Inc()
-	p.a.log.Error("a message can never be published; dropped", "topic", clip(it.topic, 120), "topic_bytes", len(it.topic),
-		"device", clip(it.dev, 80), "outbox_seq", it.seq, "err", err)
+	p.a.log.Error("a message can never be published; dropped", "topic", clip.String(it.topic, 120), "topic_bytes", len(it.topic),
+		"device", clip.String(it.dev, 80), "outbox_seq", it.seq, "err", err)
 	if it.seq > 0 {
 		seq := it.seq
 		p.a.st.Later(func(tx *store.Tx) error { return tx.OutboxDelete(seq) })

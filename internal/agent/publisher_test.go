@@ -94,7 +94,7 @@ func waitAll(t *testing.T, dones []chan struct{}) {
 	}
 }
 
-// Issue 9, defect 1: a publish that failed was put back ahead of the
+// A past defect: a publish that failed was put back ahead of the
 // older items still in flight, reversing publish order. After a transient
 // failure of t3, what the broker takes again starts with the oldest
 // (t1, t2) and goes on in order.
@@ -110,7 +110,7 @@ func TestPublisherRequeuesInOrder(t *testing.T) {
 	}
 }
 
-// Issue 9, defect 1: a message that can never be published was retried at
+// A past defect: a message that can never be published was retried at
 // the head of the queue for ever, and every later Result waited behind it.
 // It is dropped, counted, and the rest goes out in order.
 func TestPublisherDropsTheUnpublishable(t *testing.T) {

@@ -188,8 +188,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.watchFailures()
 	statusTopic := wire.StatusTopic(cfg.MQTT.TopicPrefix, cfg.GatewayID)
-	online := mustJSON(wire.GatewayStatus{State: "online", Version: a.o.Version})
-	offline := mustJSON(wire.GatewayStatus{State: "offline", Version: a.o.Version})
+	online, err := json.Marshal(wire.GatewayStatus{State: "online", Version: a.o.Version})
+	if err != nil {
+		return err
+	}
+	offline, err := json.Marshal(wire.GatewayStatus{State: "offline", Version: a.o.Version})
+	if err != nil {
+		return err
+	}
 	a.mc, err = mqtt.New(mqtt.Options{
 		Broker: brokerURL, ClientID: cfg.MQTT.ClientID,
 		Username: username, Password: password,
@@ -267,9 +273,6 @@ func (a *App) BrokerURL() string {
 	}
 	return a.cfg.MQTT.Broker
 }
-
-// Agent returns the running agent.
-func (a *App) Agent() *agent.Agent { return a.ag }
 
 // Store returns the open store.
 func (a *App) Store() *store.Store { return a.st }
@@ -463,9 +466,4 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	return h, nil
-}
-
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
 }

@@ -24,7 +24,7 @@ import (
 
 // Every goroutine the App starts (admin server, embedded broker, MQTT
 // session, agent, store, plugin watcher, device driver) has ended when
-// Stop returns (issue 9). The agent runs on its defaults' shape: the
+// Stop returns. The agent runs on its defaults' shape: the
 // embedded broker, a device with a policy plugin built from source, the
 // admin API; one command goes through it first.
 func TestStopLeavesNoGoroutine(t *testing.T) {

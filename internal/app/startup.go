@@ -9,7 +9,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/policy"
 )
 
-// Start-up (issue 13): the admin API listens first, so /healthz answers at
+// Start-up: the admin API listens first, so /healthz answers at
 // once and /readyz says what the agent waits for while the store opens and
 // the policy plugins compile (seconds with a cold compilation cache).
 // Nothing that decides commands runs before the plugins are loaded: the

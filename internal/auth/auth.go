@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/wire"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
@@ -106,16 +107,6 @@ func (v *Verifier) SetKeys(keys []Key) error {
 	return nil
 }
 
-// KeyIDs lists the key IDs in use.
-func (v *Verifier) KeyIDs() []string {
-	ring := *v.ring.Load()
-	ids := make([]string, 0, len(ring))
-	for id := range ring {
-		ids = append(ids, id)
-	}
-	return ids
-}
-
 // allows reports whether k may command dev.
 func (k *Key) allows(dev string) bool {
 	if len(k.Devices) == 0 {
@@ -153,7 +144,7 @@ func (v *Verifier) Open(msg []byte, dev string, now time.Time) (wire.Command, st
 	case kid == "":
 		return wire.Command{}, "", &Error{Reason: "the JWS header names no key (kid)"}
 	case k == nil:
-		return wire.Command{}, kid, &Error{Reason: fmt.Sprintf("key %q is not configured (security.keys)", clip(kid)), KeyID: kid}
+		return wire.Command{}, kid, &Error{Reason: fmt.Sprintf("key %q is not configured (security.keys)", clip.String(kid, 64)), KeyID: kid}
 	case !k.allows(dev):
 		return wire.Command{}, kid, &Error{Reason: fmt.Sprintf("key %q may not command device %s", kid, dev), KeyID: kid}
 	}
@@ -217,9 +208,9 @@ func readBinding(payload []byte) binding {
 func (v *Verifier) bind(b binding, dev string, now time.Time) *Error {
 	switch {
 	case b.Gateway != v.gw:
-		return &Error{Reason: fmt.Sprintf("signed for gateway %q, not this gateway (%s)", clip(b.Gateway), v.gw)}
+		return &Error{Reason: fmt.Sprintf("signed for gateway %q, not this gateway (%s)", clip.String(b.Gateway, 64), v.gw)}
 	case b.Device != dev:
-		return &Error{Reason: fmt.Sprintf("signed for device %q, not %s (the topic's)", clip(b.Device), dev)}
+		return &Error{Reason: fmt.Sprintf("signed for device %q, not %s (the topic's)", clip.String(b.Device, 64), dev)}
 	case b.ExpiresAt == nil:
 		return &Error{Reason: "a signed command must carry expires_at"}
 	case b.ExpiresAt.After(now.Add(v.maxTTL)):
@@ -231,10 +222,3 @@ func (v *Verifier) bind(b binding, dev string, now time.Time) *Error {
 
 // Is reports whether err says a command is unauthorized.
 func Is(err error) bool { return errors.Is(err, ErrUnauthorized) }
-
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}

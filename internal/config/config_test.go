@@ -97,7 +97,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 	}
 }
 
-// Issue 9: validate reported only the first problem. Every problem is
+// A past defect: validate reported only the first problem. Every problem is
 // reported, each on its own line naming its key.
 func TestEveryProblemIsReported(t *testing.T) {
 	_, err := Parse([]byte(`gateway_id: "g/1"

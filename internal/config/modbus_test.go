@@ -11,7 +11,7 @@ import (
 	"github.com/edge-agent/edge-agent/configs"
 )
 
-// The driver block of issue 12, exactly as the contract gives it.
+// The driver block exactly as the contract (docs/protocol.md §7) gives it.
 const modbusPump = `gateway_id: g
 mqtt: {broker: embedded}
 devices:

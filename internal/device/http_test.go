@@ -341,7 +341,7 @@ func TestQuery(t *testing.T) {
 		{"valve-1", device.ErrNotQueryable},
 		{"nope", device.ErrUnknownDevice},
 		{"pump-9", device.ErrUnexpectedStatus}, // the firmware's "unknown device" 404 is no tombstone
-		// Issue 9, defect 5: a plain 404 was read as a tombstone, so the
+		// A past defect: a plain 404 was read as a tombstone, so the
 		// agent resent under a new key (a possible second apply).
 		{"pump-7x", device.ErrUnexpectedStatus},
 	} {

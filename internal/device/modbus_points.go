@@ -8,6 +8,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+
+	"github.com/edge-agent/edge-agent/internal/clip"
 )
 
 // ModbusPoint is one holding register (two for the 32-bit types) or one
@@ -262,8 +264,5 @@ func clipJSON(v []byte) string {
 	if len(v) == 0 {
 		return "nothing"
 	}
-	if len(v) > 40 {
-		return string(v[:40]) + "..."
-	}
-	return string(v)
+	return clip.Bytes(v, 40)
 }

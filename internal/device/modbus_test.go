@@ -28,7 +28,7 @@ func startModbusSim(t *testing.T) *sim.Sim {
 	return s
 }
 
-// pumpConfig is the pump of issue 12's contract: set writes rpm to
+// pumpConfig is the pump of docs/protocol.md §7: set writes rpm to
 // holding register 0; on/off the run coil; state rpm and running.
 func pumpConfig(s *sim.Sim, dev string) device.ModbusDevice {
 	u, _ := s.Unit(dev)

@@ -10,8 +10,8 @@ import (
 
 func TestMain(m *testing.M) { testkit.Main(m) }
 
-// A released binary has no failpoints (issue 10: a production agent must
-// not be told by its environment to SIGKILL itself): the code that reads
+// A released binary has no failpoints (a production agent must not be
+// told by its environment to SIGKILL itself): the code that reads
 // EDGE_AGENT_FAILPOINTS is not in it at all. The same build with
 // -tags failpoints has it, which shows the check can fail.
 func TestReleasedBinaryHasNoFailpoints(t *testing.T) {

@@ -7,7 +7,7 @@ import "errors"
 // Enabled is false: this build has no failpoints.
 const Enabled = false
 
-// ErrDisabled is returned by Set and SetFunc in a build without failpoints.
+// ErrDisabled is returned by SetFunc in a build without failpoints.
 var ErrDisabled = errors.New("failpoint: this build has no failpoints (build with -tags failpoints)")
 
 // FromEnv does nothing in a build without failpoints: the environment
@@ -22,9 +22,6 @@ func Armed(point, op string) bool { return false }
 
 // Err is nil in a build without failpoints.
 func Err(point string) error { return nil }
-
-// Set fails in a build without failpoints.
-func Set(spec string) error { return ErrDisabled }
 
 // SetFunc fails in a build without failpoints.
 func SetFunc(point string, f func() error) (func(), error) { return func() {}, ErrDisabled }

@@ -88,20 +88,6 @@ func FromEnv() error {
 	return nil
 }
 
-// Set arms the points of spec (the EDGE_AGENT_FAILPOINTS syntax) in
-// addition to the environment's; "" clears every point armed by Set and
-// the environment.
-func Set(spec string) error {
-	load()
-	if spec == "" {
-		state.mu.Lock()
-		state.points = map[string][]*action{}
-		state.mu.Unlock()
-		return nil
-	}
-	return parse(spec)
-}
-
 // SetFunc makes Err(point) return f() (for in-process tests: a commit that
 // fails on a condition). restore removes it.
 func SetFunc(point string, f func() error) (restore func(), err error) {

@@ -10,13 +10,13 @@ import (
 
 func TestParseAndFire(t *testing.T) {
 	load()
-	t.Cleanup(func() { Set("") })
+	t.Cleanup(func() { set("") })
 	for _, bad := range []string{"nope=crash", "commit", "commit=explode", "commit=error@0", "commit=error%2", "commit=sleep(x)"} {
-		if err := Set(bad); err == nil {
-			t.Errorf("Set(%q) accepted", bad)
+		if err := set(bad); err == nil {
+			t.Errorf("set(%q) accepted", bad)
 		}
 	}
-	if err := Set("commit=error@2;after_pending:op-9=crash"); err != nil {
+	if err := set("commit=error@2;after_pending:op-9=crash"); err != nil {
 		t.Fatal(err)
 	}
 	if err := Err(Commit); err != nil {
@@ -43,4 +43,17 @@ func TestParseAndFire(t *testing.T) {
 	if err := Err(Commit); err != nil {
 		t.Fatalf("after restore: %v", err)
 	}
+}
+
+// set arms the points of spec (the EDGE_AGENT_FAILPOINTS syntax) in
+// addition to the environment's; "" clears every point.
+func set(spec string) error {
+	load()
+	if spec == "" {
+		state.mu.Lock()
+		state.points = map[string][]*action{}
+		state.mu.Unlock()
+		return nil
+	}
+	return parse(spec)
 }

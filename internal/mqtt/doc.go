@@ -43,10 +43,13 @@
 // or reorder a persistent session's messages (see sessionHook: packet IDs
 // not stored, resend order random within a second, one packet-ID space
 // for both directions, a publish acknowledged before it is routed so that
-// a later one from another connection can overtake it).
+// a later one from another connection can overtake it; docs/mochi.md,
+// which also describes a fifth defect that is not worked around).
 //
 // # Tests
 //
-// Subpackage mqtttest starts real brokers (mosquitto with the shipped
-// configs/mosquitto.conf, or Embedded) for other packages' tests.
+// Package internal/testkit/mqtttest starts real brokers (mosquitto with
+// the shipped configs/mosquitto.conf, or Embedded) for tests.
+// mochi_defects_test.go reproduces each mochi defect against upstream
+// mochi, and shows that sessionHook handles it (docs/mochi.md).
 package mqtt

@@ -17,7 +17,9 @@ import (
 
 // sessionHook is mochi-mqtt v2.7.9's bbolt storage hook with four
 // defects of mochi fixed around it, each of which loses or reorders QoS 1
-// messages of a persistent session (the agent's command subscription):
+// messages of a persistent session (the agent's command subscription).
+// docs/mochi.md describes each, and mochi_defects_test.go reproduces each
+// against upstream mochi:
 //
 //  1. The bolt hook does not store an in-flight message's packet ID. After
 //     a broker restart every restored message has ID 0, they collapse
@@ -83,6 +85,10 @@ type sessionHook struct {
 	inbound map[*mochi.Client]uint16  // ID of its QoS 1 publish being processed
 	stash   map[*mochi.Client]stashed // its outbound message moved aside for it
 	routing map[*mochi.Client]bool    // it holds route (fix 4)
+	// restored is closed, and replaced, whenever a moved-aside message
+	// goes back (restoreLocked): OnSessionEstablish waits on it without
+	// holding mu.
+	restored chan struct{}
 }
 
 // stashed is an outbound message moved out of its client's in-flight map
@@ -100,12 +106,13 @@ type inflightID struct {
 
 func newSessionHook() *sessionHook {
 	return &sessionHook{
-		Hook:    new(bolt.Hook),
-		seq:     map[inflightID]int64{},
-		rank:    map[string]int64{},
-		inbound: map[*mochi.Client]uint16{},
-		stash:   map[*mochi.Client]stashed{},
-		routing: map[*mochi.Client]bool{},
+		Hook:     new(bolt.Hook),
+		seq:      map[inflightID]int64{},
+		rank:     map[string]int64{},
+		inbound:  map[*mochi.Client]uint16{},
+		stash:    map[*mochi.Client]stashed{},
+		routing:  map[*mochi.Client]bool{},
+		restored: make(chan struct{}),
 	}
 }
 
@@ -199,11 +206,7 @@ func (h *sessionHook) OnSessionEstablish(cl *mochi.Client, pk packets.Packet) {
 	// The old connection may be finishing a packet of its own with a
 	// message moved aside: give it a moment to put it back, or this
 	// session would not resend it.
-	for deadline := time.Now().Add(200 * time.Millisecond); h.stashedLocked(cl.ID) && time.Now().Before(deadline); {
-		h.mu.Unlock()
-		time.Sleep(time.Millisecond)
-		h.mu.Lock()
-	}
+	h.awaitRestoredLocked(cl.ID, 200*time.Millisecond)
 	var msgs []packets.Packet
 	for _, e := range old.State.Inflight.GetAll(false) {
 		if e.FixedHeader.Type == packets.Publish {
@@ -244,6 +247,29 @@ func (h *sessionHook) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets
 		h.stash[cl] = stashed{pk: e, seq: s, hasSeq: has}
 	}
 	return pk, nil
+}
+
+// awaitRestoredLocked waits, for at most d, until no connection of
+// clientID has a message moved aside. h.mu is held on entry and on
+// return, and released during the wait (restoreLocked signals each
+// message put back on h.restored).
+func (h *sessionHook) awaitRestoredLocked(clientID string, d time.Duration) {
+	if !h.stashedLocked(clientID) {
+		return
+	}
+	timeout := time.NewTimer(d)
+	defer timeout.Stop()
+	for h.stashedLocked(clientID) {
+		ch := h.restored
+		h.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timeout.C:
+			h.mu.Lock()
+			return
+		}
+		h.mu.Lock()
+	}
 }
 
 // stashedLocked reports whether a connection of clientID has a message
@@ -319,6 +345,8 @@ func (h *sessionHook) restoreLocked(cl *mochi.Client) {
 		return
 	}
 	delete(h.stash, cl)
+	close(h.restored) // wakes OnSessionEstablish
+	h.restored = make(chan struct{})
 	cur := cl
 	if h.srv != nil {
 		if c, ok := h.srv.Clients.Get(cl.ID); ok {

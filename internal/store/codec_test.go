@@ -89,7 +89,7 @@ func FuzzDecodeOp(f *testing.F) {
 	})
 }
 
-// Issue 12: Before was added after records were written without it. A
+// Before was added after records were written without it. A
 // record from before (no opBefore flag, nothing after FinalSeq) still
 // decodes, with no Before; one with Before keeps it.
 func TestOpRecordBeforeIsOptional(t *testing.T) {
