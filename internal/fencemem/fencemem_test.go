@@ -11,6 +11,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
 
@@ -156,7 +157,7 @@ func TestCloneAndClaimRefused(t *testing.T) {
 // Without etcd at start, every device is unconfirmed; nothing is floored
 // until etcd can be reached.
 func TestUnreachableLeavesDevicesUnconfirmed(t *testing.T) {
-	e := etcdConf([]string{"http://" + etcdtest.FreeAddr(t)})
+	e := etcdConf([]string{"http://" + testkit.FreeAddr(t)})
 	e.DialTimeout = config.Duration(500 * time.Millisecond)
 	m, s, err := run(t, e, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
 	if err != nil {

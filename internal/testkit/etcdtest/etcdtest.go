@@ -90,7 +90,7 @@ func tryStart(t testing.TB, n int) (*Cluster, error) {
 		}
 	}
 	for i := range c.Members {
-		if err := c.start(i); err != nil {
+		if err := c.start(i, "new"); err != nil {
 			stopAll()
 			return nil, err
 		}
@@ -122,7 +122,7 @@ func tail(b []byte, n int) string {
 	return string(b)
 }
 
-func (c *Cluster) start(i int) error {
+func (c *Cluster) start(i int, state string) error {
 	m := c.Members[i]
 	logf, err := os.OpenFile(m.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -136,7 +136,7 @@ func (c *Cluster) start(i int) error {
 		"--listen-peer-urls", m.PeerURL,
 		"--initial-advertise-peer-urls", m.PeerURL,
 		"--initial-cluster", c.initial,
-		"--initial-cluster-state", "new",
+		"--initial-cluster-state", state,
 		"--initial-cluster-token", "etcdtest",
 		"--heartbeat-interval", "50",
 		"--election-timeout", "500",
@@ -178,6 +178,9 @@ func (c *Cluster) Endpoints() []string {
 
 // Kill kills member i with SIGKILL and waits for it to exit.
 func (c *Cluster) Kill(i int) { c.Members[i].stop() }
+
+// Restart starts member i again on its old data directory.
+func (c *Cluster) Restart(i int) error { return c.start(i, "existing") }
 
 // WaitHealthy waits until every running member answers a linearizable read.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
