@@ -105,10 +105,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
 	a.boot.set("opening the store")
-	if *cfg.Admin.Listen != "" {
-		a.ln, err = net.Listen("tcp", *cfg.Admin.Listen)
+	if cfg.Admin.Listen != "" {
+		a.ln, err = net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
-			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
+			return fmt.Errorf("admin.listen %s: %w", cfg.Admin.Listen, err)
 		}
 		a.handler.set(a.startingHandler())
 		a.adm = &http.Server{Handler: &a.handler, ReadHeaderTimeout: 5 * time.Second}
@@ -126,11 +126,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.st.Start()
 
-	drv, hd, mb, err := buildDrivers(cfg, a.log)
+	drv, devs, err := a.buildDrivers()
 	if err != nil {
 		return err
 	}
-	a.http, a.mb = hd, mb
 	a.boot.set("loading plugins")
 	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg, filepath.Join(cfg.DataDir, "wazero-cache"), &a.boot.host); err != nil {
 		return err
@@ -166,7 +165,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.ag, err = agent.New(agent.Options{Config: cfg, Store: a.st, Publisher: &a.pub, Drivers: drv,
+	gw := agent.Gateway{GatewayID: cfg.GatewayID, TopicPrefix: cfg.MQTT.TopicPrefix,
+		Retention: cfg.Dedup.Retention.D(), KeepLast: cfg.Dedup.KeepLast}
+	a.ag, err = agent.New(agent.Options{Gateway: gw, Devices: devs, Store: a.st, Publisher: &a.pub, Drivers: drv,
 		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
 		Logger: a.log, Registry: a.reg})
 	if err != nil {
@@ -195,7 +196,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.pub.set(a.mc)
 	if a.adm != nil {
 		a.handler.set(a.ag.AdminHandler(agent.AdminOptions{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}))
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins}))
 	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
@@ -339,63 +340,40 @@ func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []b
 	return p, nil
 }
 
-func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, *device.HTTP, *device.Modbus, error) {
-	h, err := device.NewHTTP(device.HTTPOptions{Logger: log})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+// buildDrivers builds the drivers of cfg's devices (a.http and a.mb), and
+// the devices as the agent runs them: the one translation of a device's
+// configuration into what its driver and the agent take.
+func (a *App) buildDrivers() (map[string]device.Driver, []agent.Device, error) {
+	var err error
+	if a.http, err = device.NewHTTP(device.HTTPOptions{Logger: a.log}); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	mb, err := device.NewModbus(device.ModbusOptions{Logger: log})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	if a.mb, err = device.NewModbus(device.ModbusOptions{Logger: a.log}); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	out := map[string]device.Driver{}
-	for i, d := range cfg.Devices {
-		if d.Driver.Kind == "modbus" {
-			err = mb.Add(d.ID, modbusDevice(&d.Driver))
-			out[d.ID] = mb
-		} else {
-			err = h.Add(d.ID, device.HTTPDevice{URL: d.Driver.URL, Timeout: d.Driver.Timeout.D(),
-				Retries: *d.Driver.Retries, Idempotent: d.Driver.Idempotent, Queryable: d.Driver.Queryable})
-			out[d.ID] = h
+	drv := map[string]device.Driver{}
+	devs := make([]agent.Device, 0, len(a.cfg.Devices))
+	for i, d := range a.cfg.Devices {
+		ad := agent.Device{ID: d.ID, Type: d.Type, Group: d.Group, Lock: d.Lock, Worker: d.WorkerID(),
+			Queue: d.Queue, Resends: d.Driver.Resends}
+		switch dc := d.Driver.Config.(type) {
+		case *device.HTTPConfig:
+			hd := dc.Device()
+			err = a.http.Add(d.ID, hd)
+			drv[d.ID], ad.Timeout, ad.Retries = a.http, hd.Timeout, hd.Retries
+		case *device.ModbusConfig:
+			md := dc.Device()
+			err = a.mb.Add(d.ID, md)
+			drv[d.ID], ad.Timeout = a.mb, md.Timeout
+		default:
+			err = fmt.Errorf("kind %q has no driver", d.Driver.Kind)
 		}
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
+			return nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
 		}
+		devs = append(devs, ad)
 	}
-	return out, h, mb, nil
-}
-
-// modbusDevice is a kind: modbus driver block as the driver takes it
-// (config has checked and defaulted it).
-func modbusDevice(dr *config.Driver) device.ModbusDevice {
-	md := device.ModbusDevice{URL: dr.URL, UnitID: uint8(*dr.UnitID), Timeout: dr.Timeout.D(),
-		ReadBack: dr.Verify == "readback", Settle: dr.Settle.D(),
-		Actions: map[string]device.ModbusAction{}, State: map[string]device.ModbusPoint{}}
-	for name, a := range dr.Actions {
-		ma := device.ModbusAction{Params: map[string]device.ModbusPoint{}}
-		for p, pt := range a.Params {
-			ma.Params[p] = modbusPoint(pt)
-		}
-		if a.Register != nil || a.Coil != nil {
-			v := a.Value
-			if i, ok := v.(int); ok {
-				v = float64(i)
-			}
-			ma.Fixed = &device.ModbusFixed{Point: modbusPoint(&a.ModbusPoint), Value: v}
-		}
-		md.Actions[name] = ma
-	}
-	for k, pt := range dr.State {
-		md.State[k] = modbusPoint(pt)
-	}
-	return md
-}
-
-func modbusPoint(pt *config.ModbusPoint) device.ModbusPoint {
-	if pt.Coil != nil {
-		return device.ModbusPoint{Coil: true, Address: uint16(*pt.Coil)}
-	}
-	return device.ModbusPoint{Address: uint16(*pt.Register), Type: pt.Type, Scale: *pt.Scale, LowWordFirst: pt.WordOrder == "low_first"}
+	return drv, devs, nil
 }
 
 // buildPolicy loads every plugin a device binds; nil when none does. A load
