@@ -25,6 +25,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -140,10 +141,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 	tlsOpts := mqtt.TLSOptions{CAFile: cfg.MQTT.TLS.CAFile, CertFile: cfg.MQTT.TLS.CertFile, KeyFile: cfg.MQTT.TLS.KeyFile}
 	if cfg.MQTT.Broker == "embedded" {
 		m := cfg.MQTT
+		pw, acl, err := embeddedAuth(m.Embedded)
+		if err != nil {
+			return err
+		}
 		a.brk, err = mqtt.NewEmbedded(mqtt.EmbeddedOptions{Listen: m.EmbeddedListen,
 			DataDir: filepath.Join(cfg.DataDir, "broker"), Logger: a.log,
-			Passwords: m.Embedded.Passwords, AllowAnonymous: m.EmbeddedAllowAnonymous,
-			ACL: m.Embedded.ACL, TLS: m.Embedded.TLS, AgentClientID: m.ClientID})
+			Passwords: pw, AllowAnonymous: m.EmbeddedAllowAnonymous,
+			ACL: acl, TLS: m.Embedded.TLS, AgentClientID: m.ClientID})
 		if err != nil {
 			return fmt.Errorf("%w: mqtt.embedded_listen: %v", ErrConfig, err)
 		}
@@ -338,6 +343,22 @@ func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []b
 		return nil, err
 	}
 	return p, nil
+}
+
+// embeddedAuth parses the embedded broker's password and ACL files, as
+// config read (and checked) them; nil for a file not configured.
+func embeddedAuth(e config.Embedded) (pw *mosq.Passwords, acl *mosq.ACL, err error) {
+	if e.Passwords != nil {
+		if pw, err = mosq.ParsePasswords(e.Passwords); err != nil {
+			return nil, nil, fmt.Errorf("%w: mqtt.embedded_password_file: %v", ErrConfig, err)
+		}
+	}
+	if e.ACL != nil {
+		if acl, err = mosq.ParseACL(e.ACL); err != nil {
+			return nil, nil, fmt.Errorf("%w: mqtt.embedded_acl_file: %v", ErrConfig, err)
+		}
+	}
+	return pw, acl, nil
 }
 
 // buildDrivers builds the drivers of cfg's devices (a.http and a.mb), and

@@ -10,9 +10,9 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
@@ -57,9 +57,46 @@ type EmbeddedTLS struct {
 
 // Embedded is what readFiles read of the embedded broker's files.
 type Embedded struct {
-	Passwords *mosq.Passwords // embedded_password_file; nil: none
-	ACL       *mosq.ACL       // embedded_acl_file; nil: none
-	TLS       *tls.Config     // embedded_tls; nil: plain TCP
+	// Passwords and ACL are embedded_password_file's and
+	// embedded_acl_file's contents, checked by the broker's format
+	// (RegisterBrokerFormat); nil: none.
+	Passwords []byte
+	ACL       []byte
+	TLS       *tls.Config // embedded_tls; nil: plain TCP
+}
+
+// BrokerFormat checks the embedded broker's password and ACL files: their
+// format is the broker's, which registers it (RegisterBrokerFormat), so
+// that config depends on no broker. Each error says what is wrong where
+// ("line 3: ...").
+type BrokerFormat struct {
+	Passwords func([]byte) error
+	ACL       func([]byte) error
+}
+
+var brokerFormat struct {
+	sync.RWMutex
+	f *BrokerFormat
+}
+
+// RegisterBrokerFormat sets the format of the embedded broker's files; the
+// broker's package calls it from init.
+func RegisterBrokerFormat(f BrokerFormat) {
+	brokerFormat.Lock()
+	defer brokerFormat.Unlock()
+	brokerFormat.f = &f
+}
+
+// registeredBrokerFormat is the format of the embedded broker's files; it
+// panics when the program registered none (it must import the broker's
+// package).
+func registeredBrokerFormat() *BrokerFormat {
+	brokerFormat.RLock()
+	defer brokerFormat.RUnlock()
+	if brokerFormat.f == nil {
+		panic("config: no embedded broker file format registered (import internal/mqtt)")
+	}
+	return brokerFormat.f
 }
 
 // DefaultMaxTTL is security.max_ttl's default.
@@ -206,18 +243,22 @@ func (c *Config) readEmbeddedFiles(p *Problems) {
 	if f := m.EmbeddedPasswordFile; f != "" {
 		b, err := ReadFile(f)
 		if err == nil {
-			m.Embedded.Passwords, err = mosq.ParsePasswords(b)
+			err = registeredBrokerFormat().Passwords(b)
 		}
-		if err != nil {
+		if err == nil {
+			m.Embedded.Passwords = b
+		} else {
 			p.Add("mqtt.embedded_password_file", "%s: %v", f, err)
 		}
 	}
 	if f := m.EmbeddedACLFile; f != "" {
 		b, err := ReadFile(f)
 		if err == nil {
-			m.Embedded.ACL, err = mosq.ParseACL(b)
+			err = registeredBrokerFormat().ACL(b)
 		}
-		if err != nil {
+		if err == nil {
+			m.Embedded.ACL = b
+		} else {
 			p.Add("mqtt.embedded_acl_file", "%s: %v", f, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/config"
 	_ "github.com/edge-agent/edge-agent/internal/device" // registers kind: http
+	_ "github.com/edge-agent/edge-agent/internal/mqtt"   // registers the broker's file format
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
