@@ -238,7 +238,12 @@ func (c *Config) validate() error {
 }
 
 // defaults fills in every default of docs/protocol.md §5 (and docs/config.md's
-// extensions) that a key left unset.
+// extensions) that a key left unset, where the key's zero value stands for
+// unset. The keys whose zero value is a setting of its own (admin.listen:
+// "" disables; dedup.keep_last, a device's queue and its driver's
+// resends: 0) are decoded over their defaults instead (Parse,
+// Device.UnmarshalYAML, Driver.UnmarshalYAML), so that no "unset" is left
+// for code outside config to resolve.
 func (c *Config) defaults() {
 	if c.DataDir == "" {
 		c.DataDir = "./data"

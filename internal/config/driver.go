@@ -141,12 +141,24 @@ var (
 // decoded into t: every key of a mapping that t's struct has no field
 // for, at any depth, as "line N: field K not found in type T" (name is
 // t's T). A node.Decode is not strict; this makes it so. It stops at the
-// types that decode themselves (yaml.Unmarshaler, yaml.Node).
+// types that decode themselves (yaml.Unmarshaler, yaml.Node), and walks
+// an anchor's value once however many aliases name it.
 func unknownFields(n *yaml.Node, t reflect.Type, name string) []string {
+	return walker{}.unknown(n, t, name)
+}
+
+// walker is unknownFields' state: the anchors' values already walked.
+type walker map[*yaml.Node]bool
+
+func (w walker) unknown(n *yaml.Node, t reflect.Type, name string) []string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
+	if n.Kind == yaml.AliasNode {
+		if n.Alias == nil || w[n.Alias] {
+			return nil
+		}
+		w[n.Alias] = true
 		n = n.Alias
 	}
 	if t == nodeType || reflect.PointerTo(t).Implements(unmarshalerType) {
@@ -166,18 +178,18 @@ func unknownFields(n *yaml.Node, t reflect.Type, name string) []string {
 				out = append(out, fmt.Sprintf("line %d: field %s not found in type %s", k.Line, k.Value, name))
 				continue
 			}
-			out = append(out, unknownFields(v, ft, typeName(ft))...)
+			out = append(out, w.unknown(v, ft, typeName(ft))...)
 		}
 	case reflect.Map:
 		if n.Kind == yaml.MappingNode {
 			for i := 1; i < len(n.Content); i += 2 {
-				out = append(out, unknownFields(n.Content[i], t.Elem(), typeName(t.Elem()))...)
+				out = append(out, w.unknown(n.Content[i], t.Elem(), typeName(t.Elem()))...)
 			}
 		}
 	case reflect.Slice, reflect.Array:
 		if n.Kind == yaml.SequenceNode {
 			for _, e := range n.Content {
-				out = append(out, unknownFields(e, t.Elem(), typeName(t.Elem()))...)
+				out = append(out, w.unknown(e, t.Elem(), typeName(t.Elem()))...)
 			}
 		}
 	}
