@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/edge-agent/edge-agent/internal/config"
+	_ "github.com/edge-agent/edge-agent/internal/device" // registers the driver kinds
 )
 
 // unitSettings reads edge-agent.service into key -> values (in order).
@@ -110,9 +111,9 @@ func TestProductionConfig(t *testing.T) {
 	}
 	if cfg.DataDir != "/var/lib/edge-agent" || cfg.Plugins.Dir != "/usr/lib/edge-agent/plugins" ||
 		cfg.MQTT.Broker != "embedded" || !strings.HasPrefix(cfg.MQTT.EmbeddedListen, "127.0.0.1:") ||
-		!strings.HasPrefix(*cfg.Admin.Listen, "127.0.0.1:") {
+		!strings.HasPrefix(cfg.Admin.Listen, "127.0.0.1:") {
 		t.Fatalf("data_dir %q, plugins.dir %q, broker %q on %q, admin %q", cfg.DataDir, cfg.Plugins.Dir,
-			cfg.MQTT.Broker, cfg.MQTT.EmbeddedListen, *cfg.Admin.Listen)
+			cfg.MQTT.Broker, cfg.MQTT.EmbeddedListen, cfg.Admin.Listen)
 	}
 	m := unitSettings(t)
 	if !contains(m["WorkingDirectory"], cfg.DataDir) || !contains(m["StateDirectory"], "edge-agent") {

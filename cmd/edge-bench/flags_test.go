@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/device"
 )
 
 func TestChromiumPath(t *testing.T) {
@@ -80,12 +81,12 @@ func TestBenchConfigsParse(t *testing.T) {
 		t.Fatalf("signed: %d keys, want 1", len(cfg.Security.Keys))
 	}
 	mb := check("modbusYAML", modbusYAML(dir, "tcp://127.0.0.1:1883", "", "127.0.0.1:5020", 3, false), 3)
-	if d := mb.Devices[2]; d.Driver.Kind != "modbus" || d.Driver.UnitID == nil || *d.Driver.UnitID != 3 || d.Driver.Verify != "" {
+	if d := mb.Devices[2]; d.Driver.Kind != "modbus" || modbusOf(t, d.Driver).UnitID == nil || *modbusOf(t, d.Driver).UnitID != 3 || modbusOf(t, d.Driver).Verify != "" {
 		t.Fatalf("modbus device 2: %+v", d.Driver)
 	}
 	rb := check("modbusYAML readback", modbusYAML(dir, "tcp://127.0.0.1:1883", "", "127.0.0.1:5020", 1, true), 1)
-	if rb.Devices[0].Driver.Verify != "readback" {
-		t.Fatalf("readback: verify %q", rb.Devices[0].Driver.Verify)
+	if v := modbusOf(t, rb.Devices[0].Driver).Verify; v != "readback" {
+		t.Fatalf("readback: verify %q", v)
 	}
 }
 
@@ -112,4 +113,14 @@ func TestPoliciesYAMLVariants(t *testing.T) {
 			t.Fatalf("%s: gateway %q, %d devices with a policy", v.name, cfg.GatewayID, bound)
 		}
 	}
+}
+
+// modbusOf is d's Modbus settings (the driver block of kind modbus).
+func modbusOf(t *testing.T, d config.Driver) *device.ModbusConfig {
+	t.Helper()
+	m, ok := d.Config.(*device.ModbusConfig)
+	if !ok {
+		t.Fatalf("driver of kind %q is not Modbus: %T", d.Kind, d.Config)
+	}
+	return m
 }

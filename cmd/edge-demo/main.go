@@ -21,6 +21,7 @@ import (
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/wire"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
@@ -67,10 +68,9 @@ func run() error {
 	}
 	cfg.DataDir = filepath.Join(dir, "data")
 	cfg.MQTT.EmbeddedListen = "127.0.0.1:0"
-	admin := "127.0.0.1:0"
-	cfg.Admin.Listen = &admin
+	cfg.Admin.Listen = "127.0.0.1:0"
 	for _, d := range cfg.Devices {
-		d.Driver.URL = fw.URL()
+		d.Driver.Config.(*device.HTTPConfig).URL = fw.URL()
 	}
 	if err := bindDemoPolicies(cfg); err != nil {
 		return err

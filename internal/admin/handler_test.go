@@ -61,7 +61,10 @@ devices:
 		t.Fatal(err)
 	}
 	st.Start()
-	a, err := agent.New(agent.Options{Config: cfg, Store: st, Publisher: ackedPublisher{},
+	gw := agent.Gateway{GatewayID: cfg.GatewayID, TopicPrefix: cfg.MQTT.TopicPrefix, Retention: cfg.Dedup.Retention.D(), KeepLast: cfg.Dedup.KeepLast}
+	d := cfg.Devices[0]
+	devs := []agent.Device{{ID: d.ID, Type: d.Type, Worker: d.WorkerID(), Queue: d.Queue, Resends: d.Driver.Resends, Timeout: time.Second}}
+	a, err := agent.New(agent.Options{Gateway: gw, Devices: devs, Store: st, Publisher: ackedPublisher{},
 		Drivers: map[string]device.Driver{"pump-1": applyAll{}}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

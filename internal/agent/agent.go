@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edge-agent/edge-agent/internal/auth"
-	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/policy"
@@ -55,10 +54,12 @@ type Delivery struct {
 	Ack      func()
 }
 
-// Options configure an Agent. Config, Store, Publisher and Drivers are
-// required; zero values of the rest mean the documented defaults.
+// Options configure an Agent. Gateway, Devices, Store, Publisher and
+// Drivers are required; zero values of the rest mean the documented
+// defaults.
 type Options struct {
-	Config    *config.Config
+	Gateway   Gateway
+	Devices   []Device
 	Store     *store.Store             // started
 	Publisher Publisher                // the MQTT session
 	Drivers   map[string]device.Driver // per device ID
@@ -91,10 +92,40 @@ type FenceMemory interface {
 	Device(dev string) (floor int64, confirmed bool)
 }
 
+// Gateway is what the agent needs of the gateway's configuration, with
+// its defaults applied.
+type Gateway struct {
+	GatewayID   string
+	TopicPrefix string        // mqtt.topic_prefix
+	Retention   time.Duration // dedup.retention: how long final op records are kept
+	KeepLast    int           // dedup.keep_last: each device's last final op records kept regardless
+}
+
+// Device is one device as the agent runs it: its configuration resolved,
+// defaults applied.
+type Device struct {
+	ID    string
+	Type  string
+	Group string
+	Lock  string
+	// Worker is the worker (and inbox) the device's commands go through:
+	// its group's, or its own.
+	Worker string
+	Queue  int // the inbox's share of this device
+	// Timeout bounds one request of its driver; Retries is how many
+	// extra tries one write may make (for a driver that is not
+	// device.Bounded).
+	Timeout time.Duration
+	Retries int
+	// Resends is how many times a write the device confirmed unapplied is
+	// sent again under a new key.
+	Resends int
+}
+
 // Agent is one running command path.
 type Agent struct {
 	o       Options
-	cfg     *config.Config
+	cfg     Gateway
 	st      *store.Store
 	log     *slog.Logger
 	m       *metrics
@@ -128,7 +159,7 @@ type Agent struct {
 
 // devRT is a device's runtime state.
 type devRT struct {
-	cfg       *config.Device
+	cfg       *Device
 	w         *worker
 	lastFence atomic.Int64
 	pending   atomic.Int32 // 1 while the device has an unresolved write
@@ -152,8 +183,8 @@ func (rt *devRT) heldOp() string {
 
 // New builds an Agent; it does no I/O.
 func New(o Options) (*Agent, error) {
-	if o.Config == nil || o.Store == nil || o.Publisher == nil {
-		return nil, errors.New("agent: Config, Store and Publisher are required")
+	if o.Gateway.GatewayID == "" || o.Store == nil || o.Publisher == nil {
+		return nil, errors.New("agent: Gateway, Store and Publisher are required")
 	}
 	if o.Policy == nil {
 		o.Policy = policy.AllowAll{}
@@ -170,24 +201,25 @@ func New(o Options) (*Agent, error) {
 			return min(d, 5*time.Second)
 		}
 	}
-	a := &Agent{o: o, cfg: o.Config, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
+	a := &Agent{o: o, cfg: o.Gateway, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
 		devs: map[string]*devRT{}, workers: map[string]*worker{},
 		incoming: make(chan Delivery, 8192), acks: make(chan *arrival, 8192),
 		stopping: make(chan struct{}), failed: make(chan struct{}), stats: &statRing{}, begun: time.Now()}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	for _, d := range o.Config.Devices {
+	for i := range o.Devices {
+		d := &o.Devices[i]
 		drv := o.Drivers[d.ID]
 		if drv == nil {
 			return nil, fmt.Errorf("agent: device %s: no driver", d.ID)
 		}
-		wid := d.WorkerID()
+		wid := d.Worker
 		w := a.workers[wid]
 		if w == nil {
 			w = newWorker(a, wid)
 			a.workers[wid] = w
 		}
 		w.devs = append(w.devs, d.ID)
-		w.limit += int64(*d.Queue) // a group's limit is the sum of its members' queues
+		w.limit += int64(d.Queue) // a group's limit is the sum of its members' queues
 		rt := &devRT{cfg: d, w: w, drv: drv}
 		if rb, ok := drv.(device.ReadBacker); ok && rb.ReadsBack(d.ID) {
 			rt.rb = rb
@@ -195,7 +227,7 @@ func New(o Options) (*Agent, error) {
 		a.devs[d.ID] = rt
 	}
 	if o.Auth == nil {
-		v, err := auth.New(auth.Options{Gateway: o.Config.GatewayID})
+		v, err := auth.New(auth.Options{Gateway: o.Gateway.GatewayID})
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
@@ -338,7 +370,7 @@ func (a *Agent) destination(replyTo, dev string) string {
 	if replyTo != "" {
 		return replyTo
 	}
-	return wire.ResultTopic(a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID, dev)
+	return wire.ResultTopic(a.cfg.TopicPrefix, a.cfg.GatewayID, dev)
 }
 
 // resultOf builds the Result of a record.
@@ -378,7 +410,7 @@ func (a *Agent) publishState(dev string, d store.Device) {
 		st = json.RawMessage("{}")
 	}
 	ds := wire.DeviceState{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID, State: st, At: a.now().UTC()}
-	a.pub.push(pubItem{topic: wire.StateTopic(a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID, dev),
+	a.pub.push(pubItem{topic: wire.StateTopic(a.cfg.TopicPrefix, a.cfg.GatewayID, dev),
 		payload: stateJSON(ds), dev: dev, retained: true})
 }
 
@@ -403,7 +435,7 @@ func (a *Agent) sweepLoop() {
 		var n int
 		err := a.st.Update(a.ctx, func(tx *store.Tx) error {
 			var err error
-			n, err = tx.Sweep(a.now(), a.cfg.Dedup.Retention.D(), uint64(*a.cfg.Dedup.KeepLast), 1000)
+			n, err = tx.Sweep(a.now(), a.cfg.Retention, uint64(a.cfg.KeepLast), 1000)
 			return err
 		})
 		if err != nil {
@@ -421,7 +453,7 @@ func (a *Agent) sweepLoop() {
 // rules is the part of rt's configuration decide.go reads.
 func (a *Agent) rules(rt *devRT) DeviceRules {
 	return DeviceRules{ID: rt.cfg.ID, Lock: rt.cfg.Lock, Policy: a.bound(rt.cfg.ID),
-		Queryable: rt.drv.Queryable(rt.cfg.ID), Resends: *rt.cfg.Driver.Resends,
+		Queryable: rt.drv.Queryable(rt.cfg.ID), Resends: rt.cfg.Resends,
 		Unconfirmed: a.o.Fences != nil && !a.o.Fences.Confirmed(rt.cfg.ID)}
 }
 

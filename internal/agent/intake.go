@@ -57,7 +57,7 @@ func (a *Agent) intakeLoop() {
 // fsyncs.
 func (a *Agent) admit(d Delivery) *arrival {
 	ar := &arrival{d: d, kind: AdmitIgnore}
-	pfx, gw := a.cfg.MQTT.TopicPrefix, a.cfg.GatewayID
+	pfx, gw := a.cfg.TopicPrefix, a.cfg.GatewayID
 	dev, isCmd := wire.DeviceFromCmdTopic(pfx, gw, d.Topic)
 	var pe *wire.ParseError
 	var unauth *auth.Error

@@ -96,7 +96,7 @@ func (m *metrics) gauges(a *Agent) {
 		Name: "edge_agent_device_timeout_seconds", Help: "A configured device's driver.timeout (per try): what the alert on slow commits compares with.",
 	}, []string{"device"})
 	for id, rt := range a.devs {
-		timeout.WithLabelValues(id).Set(rt.cfg.Driver.Timeout.D().Seconds())
+		timeout.WithLabelValues(id).Set(rt.cfg.Timeout.Seconds())
 	}
 	m.reg.MustRegister(timeout,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

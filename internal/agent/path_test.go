@@ -251,7 +251,7 @@ func (r *rig) start(path string) {
 	for _, d := range r.cfg.Devices {
 		drivers[d.ID] = r.drv
 	}
-	a, err := New(Options{Config: r.cfg, Store: st, Publisher: r.pub, Drivers: drivers,
+	a, err := New(Options{Gateway: resolvedGateway(r.cfg), Devices: resolvedDevices(r.cfg), Store: st, Publisher: r.pub, Drivers: drivers,
 		Logger: slog.New(slog.DiscardHandler), QueryWait: func(int) time.Duration { return time.Millisecond },
 		ResendWait: func(int) time.Duration { return time.Millisecond }})
 	if err != nil {
@@ -594,4 +594,20 @@ func TestAckAfterTheInboxCommit(t *testing.T) {
 	if m := missing.Load(); m > 0 {
 		t.Fatalf("%d of %d commands were acknowledged before their record was durable", m, n)
 	}
+}
+
+// resolvedGateway and resolvedDevices are what internal/app makes of a
+// configuration, for the fakes here (every device's driver is the fake).
+func resolvedGateway(c *config.Config) Gateway {
+	return Gateway{GatewayID: c.GatewayID, TopicPrefix: c.MQTT.TopicPrefix,
+		Retention: c.Dedup.Retention.D(), KeepLast: c.Dedup.KeepLast}
+}
+
+func resolvedDevices(c *config.Config) []Device {
+	var ds []Device
+	for _, d := range c.Devices {
+		ds = append(ds, Device{ID: d.ID, Type: d.Type, Group: d.Group, Lock: d.Lock, Worker: d.WorkerID(),
+			Queue: d.Queue, Resends: d.Driver.Resends, Timeout: time.Second})
+	}
+	return ds
 }

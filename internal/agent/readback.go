@@ -20,7 +20,7 @@ func queryTimeout(rt *devRT) time.Duration {
 		_, q := b.Bounds(rt.cfg.ID)
 		return q
 	}
-	return rt.cfg.Driver.Timeout.D()
+	return rt.cfg.Timeout
 }
 
 // reading reads the points o's write sets (a device that is read back)

@@ -464,7 +464,7 @@ func writeTimeout(rt *devRT) time.Duration {
 		w, _ := b.Bounds(rt.cfg.ID)
 		return w
 	}
-	return time.Duration(*rt.cfg.Driver.Retries+1)*(rt.cfg.Driver.Timeout.D()+500*time.Millisecond) + time.Second
+	return time.Duration(rt.cfg.Retries+1)*(rt.cfg.Timeout+500*time.Millisecond) + time.Second
 }
 
 // write sends o (pending under o.Key) and classifies its outcome.

@@ -27,6 +27,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
+	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/wire"
@@ -112,10 +113,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
 	a.boot.set("opening the store")
-	if *cfg.Admin.Listen != "" {
-		a.ln, err = net.Listen("tcp", *cfg.Admin.Listen)
+	if cfg.Admin.Listen != "" {
+		a.ln, err = net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
-			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
+			return fmt.Errorf("admin.listen %s: %w", cfg.Admin.Listen, err)
 		}
 		a.handler.set(a.startingHandler())
 		a.adm = &http.Server{Handler: &a.handler, ReadHeaderTimeout: 5 * time.Second}
@@ -136,11 +137,10 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 
-	drv, hd, mb, err := buildDrivers(cfg, a.log)
+	drv, devs, err := a.buildDrivers()
 	if err != nil {
 		return err
 	}
-	a.http, a.mb = hd, mb
 	a.boot.set("loading plugins")
 	if a.host, err = buildPolicy(ctx, cfg, a.log, a.reg, filepath.Join(cfg.DataDir, "wazero-cache"), &a.boot.host); err != nil {
 		return err
@@ -151,10 +151,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 	tlsOpts := mqtt.TLSOptions{CAFile: cfg.MQTT.TLS.CAFile, CertFile: cfg.MQTT.TLS.CertFile, KeyFile: cfg.MQTT.TLS.KeyFile}
 	if cfg.MQTT.Broker == "embedded" {
 		m := cfg.MQTT
+		pw, acl, err := embeddedAuth(m.Embedded)
+		if err != nil {
+			return err
+		}
 		a.brk, err = mqtt.NewEmbedded(mqtt.EmbeddedOptions{Listen: m.EmbeddedListen,
 			DataDir: filepath.Join(cfg.DataDir, "broker"), Logger: a.log,
-			Passwords: m.Embedded.Passwords, AllowAnonymous: m.EmbeddedAllowAnonymous,
-			ACL: m.Embedded.ACL, TLS: m.Embedded.TLS, AgentClientID: m.ClientID})
+			Passwords: pw, AllowAnonymous: m.EmbeddedAllowAnonymous,
+			ACL: acl, TLS: m.Embedded.TLS, AgentClientID: m.ClientID})
 		if err != nil {
 			return fmt.Errorf("%w: mqtt.embedded_listen: %v", ErrConfig, err)
 		}
@@ -176,7 +180,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.ag, err = agent.New(agent.Options{Config: cfg, Store: a.st, Publisher: &a.pub, Drivers: drv,
+	gw := agent.Gateway{GatewayID: cfg.GatewayID, TopicPrefix: cfg.MQTT.TopicPrefix,
+		Retention: cfg.Dedup.Retention.D(), KeepLast: cfg.Dedup.KeepLast}
+	a.ag, err = agent.New(agent.Options{Gateway: gw, Devices: devs, Store: a.st, Publisher: &a.pub, Drivers: drv,
 		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
 		Logger: a.log, Registry: a.reg, Fences: a.fm})
 	if err != nil {
@@ -213,7 +219,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.pub.set(a.mc)
 	if a.adm != nil {
 		a.handler.set(admin.Handler(a.ag, admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(*cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
+			Ready: a.Ready, OffLoopback: !config.IsLoopback(cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
 			Coordination: a.coordination}))
 	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read
@@ -368,63 +374,56 @@ func (l *lateClient) PublishAsync(ctx context.Context, topic string, payload []b
 	return p, nil
 }
 
-func buildDrivers(cfg *config.Config, log *slog.Logger) (map[string]device.Driver, *device.HTTP, *device.Modbus, error) {
-	h, err := device.NewHTTP(device.HTTPOptions{Logger: log})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+// embeddedAuth parses the embedded broker's password and ACL files, as
+// config read (and checked) them; nil for a file not configured.
+func embeddedAuth(e config.Embedded) (pw *mosq.Passwords, acl *mosq.ACL, err error) {
+	if e.Passwords != nil {
+		if pw, err = mosq.ParsePasswords(e.Passwords); err != nil {
+			return nil, nil, fmt.Errorf("%w: mqtt.embedded_password_file: %v", ErrConfig, err)
+		}
 	}
-	mb, err := device.NewModbus(device.ModbusOptions{Logger: log})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	if e.ACL != nil {
+		if acl, err = mosq.ParseACL(e.ACL); err != nil {
+			return nil, nil, fmt.Errorf("%w: mqtt.embedded_acl_file: %v", ErrConfig, err)
+		}
 	}
-	out := map[string]device.Driver{}
-	for i, d := range cfg.Devices {
-		if d.Driver.Kind == "modbus" {
-			err = mb.Add(d.ID, modbusDevice(&d.Driver))
-			out[d.ID] = mb
-		} else {
-			err = h.Add(d.ID, device.HTTPDevice{URL: d.Driver.URL, Timeout: d.Driver.Timeout.D(),
-				Retries: *d.Driver.Retries, Idempotent: d.Driver.Idempotent, Queryable: d.Driver.Queryable})
-			out[d.ID] = h
+	return pw, acl, nil
+}
+
+// buildDrivers builds the drivers of cfg's devices (a.http and a.mb), and
+// the devices as the agent runs them: the one translation of a device's
+// configuration into what its driver and the agent take.
+func (a *App) buildDrivers() (map[string]device.Driver, []agent.Device, error) {
+	var err error
+	if a.http, err = device.NewHTTP(device.HTTPOptions{Logger: a.log}); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if a.mb, err = device.NewModbus(device.ModbusOptions{Logger: a.log}); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	drv := map[string]device.Driver{}
+	devs := make([]agent.Device, 0, len(a.cfg.Devices))
+	for i, d := range a.cfg.Devices {
+		ad := agent.Device{ID: d.ID, Type: d.Type, Group: d.Group, Lock: d.Lock, Worker: d.WorkerID(),
+			Queue: d.Queue, Resends: d.Driver.Resends}
+		switch dc := d.Driver.Config.(type) {
+		case *device.HTTPConfig:
+			hd := dc.Device()
+			err = a.http.Add(d.ID, hd)
+			drv[d.ID], ad.Timeout, ad.Retries = a.http, hd.Timeout, hd.Retries
+		case *device.ModbusConfig:
+			md := dc.Device()
+			err = a.mb.Add(d.ID, md)
+			drv[d.ID], ad.Timeout = a.mb, md.Timeout
+		default:
+			err = fmt.Errorf("kind %q has no driver", d.Driver.Kind)
 		}
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
+			return nil, nil, fmt.Errorf("%w: devices[%d] (%s).driver: %v", ErrConfig, i, d.ID, err)
 		}
+		devs = append(devs, ad)
 	}
-	return out, h, mb, nil
-}
-
-// modbusDevice is a kind: modbus driver block as the driver takes it
-// (config has checked and defaulted it).
-func modbusDevice(dr *config.Driver) device.ModbusDevice {
-	md := device.ModbusDevice{URL: dr.URL, UnitID: uint8(*dr.UnitID), Timeout: dr.Timeout.D(),
-		ReadBack: dr.Verify == "readback", Settle: dr.Settle.D(),
-		Actions: map[string]device.ModbusAction{}, State: map[string]device.ModbusPoint{}}
-	for name, a := range dr.Actions {
-		ma := device.ModbusAction{Params: map[string]device.ModbusPoint{}}
-		for p, pt := range a.Params {
-			ma.Params[p] = modbusPoint(pt)
-		}
-		if a.Register != nil || a.Coil != nil {
-			v := a.Value
-			if i, ok := v.(int); ok {
-				v = float64(i)
-			}
-			ma.Fixed = &device.ModbusFixed{Point: modbusPoint(&a.ModbusPoint), Value: v}
-		}
-		md.Actions[name] = ma
-	}
-	for k, pt := range dr.State {
-		md.State[k] = modbusPoint(pt)
-	}
-	return md
-}
-
-func modbusPoint(pt *config.ModbusPoint) device.ModbusPoint {
-	if pt.Coil != nil {
-		return device.ModbusPoint{Coil: true, Address: uint16(*pt.Coil)}
-	}
-	return device.ModbusPoint{Address: uint16(*pt.Register), Type: pt.Type, Scale: *pt.Scale, LowWordFirst: pt.WordOrder == "low_first"}
+	return drv, devs, nil
 }
 
 // buildPolicy loads every plugin a device binds; nil when none does. A load

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -86,8 +87,8 @@ type TLS struct {
 
 // Admin is the admin HTTP API.
 type Admin struct {
-	Listen *string `yaml:"listen"` // nil: default; "": disabled
-	Token  string  `yaml:"token"`
+	Listen string `yaml:"listen"` // default DefaultAdminListen; "": disabled
+	Token  string `yaml:"token"`
 }
 
 // Plugins says where policy plugins are found.
@@ -98,7 +99,7 @@ type Plugins struct {
 // Dedup is the retention of final op records.
 type Dedup struct {
 	Retention Duration `yaml:"retention"`
-	KeepLast  *int     `yaml:"keep_last"`
+	KeepLast  int      `yaml:"keep_last"` // default DefaultKeepLast
 }
 
 // Device is one configured device.
@@ -107,22 +108,21 @@ type Device struct {
 	Type   string  `yaml:"type"`
 	Group  string  `yaml:"group"`
 	Lock   string  `yaml:"lock"`
-	Queue  *int    `yaml:"queue"`
+	Queue  int     `yaml:"queue"` // default DefaultQueue
 	Driver Driver  `yaml:"driver"`
 	Policy *Policy `yaml:"policy"`
 }
 
-// Driver says how the device's firmware is reached.
-type Driver struct {
-	Kind       string   `yaml:"kind"`
-	URL        string   `yaml:"url"`
-	Timeout    Duration `yaml:"timeout"`
-	Retries    *int     `yaml:"retries"`
-	Resends    *int     `yaml:"resends"` // extension (docs/config.md): new keys after confirmed-unapplied tries
-	Idempotent bool     `yaml:"idempotent"`
-	Queryable  bool     `yaml:"queryable"`
-	// Modbus holds the keys of kind: modbus (modbus.go; docs/config.md).
-	Modbus `yaml:",inline"`
+// UnmarshalYAML decodes a device over its defaults, as strictly as the
+// rest of the file (an unknown key is an error).
+func (d *Device) UnmarshalYAML(n *yaml.Node) error {
+	type plain Device
+	*d = Device{Queue: DefaultQueue}
+	if err := d.Driver.UnmarshalYAML(&yaml.Node{Kind: yaml.MappingNode}); err != nil {
+		return err
+	}
+	unknown := unknownFields(n, reflect.TypeFor[plain](), "config.Device")
+	return typeErrors(unknown, n.Decode((*plain)(d)))
 }
 
 // Policy binds a plugin to a device.
@@ -147,7 +147,6 @@ type Limits struct {
 // Default values (docs/protocol.md §5).
 const (
 	DefaultQueue           = 256
-	DefaultTimeout         = 2 * time.Second
 	DefaultResends         = 5
 	MaxResends             = 100
 	DefaultRetention       = 168 * time.Hour
@@ -174,9 +173,14 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes and validates a YAML document.
+// Parse decodes and validates a YAML document. The program must import
+// the driver packages, which register the driver kinds (internal/device:
+// http and modbus); Parse panics if none is registered.
 func Parse(b []byte) (*Config, error) {
-	var c Config
+	if len(driverKinds()) == 0 {
+		panic("config: no driver kind registered (import internal/device)")
+	}
+	c := Config{Admin: Admin{Listen: DefaultAdminListen}, Dedup: Dedup{KeepLast: DefaultKeepLast}}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
@@ -211,14 +215,16 @@ func bad(key, format string, a ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, a...))
 }
 
-// problems collects every problem of a configuration, each naming its key.
-type problems []error
+// Problems collects every problem of a configuration, each naming its key.
+type Problems []error
 
-func (p *problems) add(key, format string, a ...any) { *p = append(*p, bad(key, format, a...)) }
+// Add adds the problem of key (e.g. "devices[0] (p).driver.url"), worded
+// by format.
+func (p *Problems) Add(key, format string, a ...any) { *p = append(*p, bad(key, format, a...)) }
 
 // err is nil without problems; else every problem, one per line, each
 // wrapping ErrInvalid.
-func (p problems) err() error { return errors.Join(p...) }
+func (p Problems) err() error { return errors.Join(p...) }
 
 // validate is load, then provision, then validate (caddy's order): the
 // defaults are filled in, every rule is checked, then the files the
@@ -226,7 +232,7 @@ func (p problems) err() error { return errors.Join(p...) }
 // first.
 func (c *Config) validate() error {
 	c.defaults()
-	var p problems
+	var p Problems
 	c.check(&p)
 	if len(p) == 0 {
 		c.readFiles(&p)
@@ -235,7 +241,12 @@ func (c *Config) validate() error {
 }
 
 // defaults fills in every default of docs/protocol.md §5 (and docs/config.md's
-// extensions) that a key left unset.
+// extensions) that a key left unset, where the key's zero value stands for
+// unset. The keys whose zero value is a setting of its own (admin.listen:
+// "" disables; dedup.keep_last, a device's queue and its driver's
+// resends: 0) are decoded over their defaults instead (Parse,
+// Device.UnmarshalYAML, Driver.UnmarshalYAML), so that no "unset" is left
+// for code outside config to resolve.
 func (c *Config) defaults() {
 	if c.DataDir == "" {
 		c.DataDir = "./data"
@@ -249,19 +260,11 @@ func (c *Config) defaults() {
 	if c.MQTT.TopicPrefix == "" {
 		c.MQTT.TopicPrefix = wire.DefaultPrefix
 	}
-	if c.Admin.Listen == nil {
-		l := DefaultAdminListen
-		c.Admin.Listen = &l
-	}
 	if c.Plugins.Dir == "" {
 		c.Plugins.Dir = "./plugins/build"
 	}
 	if c.Dedup.Retention == 0 {
 		c.Dedup.Retention = Duration(DefaultRetention)
-	}
-	if c.Dedup.KeepLast == nil {
-		k := DefaultKeepLast
-		c.Dedup.KeepLast = &k
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = Duration(DefaultShutdownTimeout)
@@ -272,24 +275,8 @@ func (c *Config) defaults() {
 		if d == nil {
 			continue
 		}
-		if d.Queue == nil {
-			q := DefaultQueue
-			d.Queue = &q
-		}
-		if d.Driver.Kind == "" {
-			d.Driver.Kind = "http"
-		}
-		d.Driver.modbusDefaults()
-		if d.Driver.Timeout == 0 {
-			d.Driver.Timeout = Duration(DefaultTimeout)
-		}
-		if d.Driver.Retries == nil {
-			r := 0
-			d.Driver.Retries = &r
-		}
-		if d.Driver.Resends == nil {
-			r := DefaultResends
-			d.Driver.Resends = &r
+		if d.Driver.Config != nil {
+			d.Driver.Config.Defaults()
 		}
 		if d.Policy != nil {
 			d.Policy.ConfigJSON = json.RawMessage("{}")
@@ -299,25 +286,25 @@ func (c *Config) defaults() {
 
 // check adds a problem for every rule the configuration breaks. It reads
 // no file.
-func (c *Config) check(p *problems) {
+func (c *Config) check(p *Problems) {
 	switch {
 	case c.GatewayID == "":
-		p.add("gateway_id", "required")
+		p.Add("gateway_id", "required")
 	case !wire.ValidDeviceID(c.GatewayID):
-		p.add("gateway_id", "%q must match [A-Za-z0-9_.-]{1,64}", c.GatewayID)
+		p.Add("gateway_id", "%q must match [A-Za-z0-9_.-]{1,64}", c.GatewayID)
 	}
 	c.checkMQTT(p)
 	if c.Dedup.Retention < 0 {
-		p.add("dedup.retention", "must be positive")
+		p.Add("dedup.retention", "must be positive")
 	}
-	if *c.Dedup.KeepLast < 0 {
-		p.add("dedup.keep_last", "must not be negative")
+	if c.Dedup.KeepLast < 0 {
+		p.Add("dedup.keep_last", "must not be negative")
 	}
 	if c.ShutdownTimeout < 0 {
-		p.add("shutdown_timeout", "must be positive")
+		p.Add("shutdown_timeout", "must be positive")
 	}
 	if len(c.Devices) == 0 {
-		p.add("devices", "at least one device is required")
+		p.Add("devices", "at least one device is required")
 	}
 	seen := map[string]int{}
 	for i, d := range c.Devices {
@@ -327,98 +314,89 @@ func (c *Config) check(p *problems) {
 	c.checkCoordination(p)
 }
 
-func (c *Config) checkMQTT(p *problems) {
+func (c *Config) checkMQTT(p *Problems) {
 	m := &c.MQTT
 	switch {
 	case m.Broker == "":
-		p.add("mqtt.broker", "required: embedded, tcp://host:port or ssl://host:port")
+		p.Add("mqtt.broker", "required: embedded, tcp://host:port or ssl://host:port")
 	case m.Broker == "embedded":
 	default:
 		if m.EmbeddedListen != "" {
-			p.add("mqtt.embedded_listen", "only with broker: embedded")
+			p.Add("mqtt.embedded_listen", "only with broker: embedded")
 		}
 		if !strings.HasPrefix(m.Broker, "tcp://") && !strings.HasPrefix(m.Broker, "ssl://") &&
 			!strings.HasPrefix(m.Broker, "mqtt://") && !strings.HasPrefix(m.Broker, "tls://") {
-			p.add("mqtt.broker", "%q: want embedded, tcp://host:port or ssl://host:port", m.Broker)
+			p.Add("mqtt.broker", "%q: want embedded, tcp://host:port or ssl://host:port", m.Broker)
 		}
 	}
 	if strings.ContainsAny(m.TopicPrefix, "+#") {
-		p.add("mqtt.topic_prefix", "%q must not contain + or #", m.TopicPrefix)
+		p.Add("mqtt.topic_prefix", "%q must not contain + or #", m.TopicPrefix)
 	}
 	if m.Password != "" && m.PasswordFile != "" {
-		p.add("mqtt.password_file", "set password or password_file, not both")
+		p.Add("mqtt.password_file", "set password or password_file, not both")
 	}
 	if (m.TLS.CertFile == "") != (m.TLS.KeyFile == "") {
-		p.add("mqtt.tls", "cert_file and key_file go together")
+		p.Add("mqtt.tls", "cert_file and key_file go together")
 	}
 }
 
-func (c *Config) checkDevice(p *problems, i int, d *Device, seen map[string]int) {
+func (c *Config) checkDevice(p *Problems, i int, d *Device, seen map[string]int) {
 	key := fmt.Sprintf("devices[%d]", i)
 	if d == nil {
-		p.add(key, "empty entry")
+		p.Add(key, "empty entry")
 		return
 	}
 	if d.ID == "" {
-		p.add(key+".id", "required")
+		p.Add(key+".id", "required")
 	} else {
 		key = fmt.Sprintf("devices[%d] (%s)", i, d.ID)
 		if !wire.ValidDeviceID(d.ID) {
-			p.add(key+".id", "%q must match [A-Za-z0-9_.-]{1,64}", d.ID)
+			p.Add(key+".id", "%q must match [A-Za-z0-9_.-]{1,64}", d.ID)
 		}
 		if j, dup := seen[d.ID]; dup {
-			p.add(key+".id", "duplicate device %q (also devices[%d])", d.ID, j)
+			p.Add(key+".id", "duplicate device %q (also devices[%d])", d.ID, j)
 		} else {
 			seen[d.ID] = i
 		}
 	}
 	if !DeviceTypes[d.Type] {
-		p.add(key+".type", "%q: want pump, valve, relay or generic", d.Type)
+		p.Add(key+".type", "%q: want pump, valve, relay or generic", d.Type)
 	}
 	if d.Group != "" && !wire.ValidDeviceID(d.Group) {
-		p.add(key+".group", "%q must match [A-Za-z0-9_.-]{1,64}", d.Group)
+		p.Add(key+".group", "%q must match [A-Za-z0-9_.-]{1,64}", d.Group)
 	}
-	if *d.Queue < 1 || *d.Queue > MaxQueue {
-		p.add(key+".queue", "%d: must be from 1 to %d", *d.Queue, MaxQueue)
+	if d.Queue < 1 || d.Queue > MaxQueue {
+		p.Add(key+".queue", "%d: must be from 1 to %d", d.Queue, MaxQueue)
 	}
 	dr := &d.Driver
-	switch dr.Kind {
-	case "http":
-		dr.checkHTTP(p, key)
-	case "modbus":
-		dr.checkModbus(p, key)
-	default:
-		p.add(key+".driver.kind", "%q: want http or modbus", dr.Kind)
+	if dr.Config == nil {
+		p.Add(key+".driver.kind", "%q: want %s", dr.Kind, strings.Join(driverKinds(), " or "))
+	} else {
+		dr.Config.Check(p, key+".driver")
 	}
-	if dr.Timeout < 0 {
-		p.add(key+".driver.timeout", "must be positive")
-	}
-	if *dr.Retries < 0 || *dr.Retries > 10 {
-		p.add(key+".driver.retries", "%d: must be from 0 to 10", *dr.Retries)
-	}
-	if *dr.Resends < 0 || *dr.Resends > MaxResends {
-		p.add(key+".driver.resends", "%d: must be from 0 to %d", *dr.Resends, MaxResends)
+	if dr.Resends < 0 || dr.Resends > MaxResends {
+		p.Add(key+".driver.resends", "%d: must be from 0 to %d", dr.Resends, MaxResends)
 	}
 	if pol := d.Policy; pol != nil {
 		if l := pol.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {
-			p.add(key+".policy.limits", "must not be negative")
+			p.Add(key+".policy.limits", "must not be negative")
 		}
 		switch {
 		case pol.Plugin == "":
-			p.add(key+".policy.plugin", "required")
+			p.Add(key+".policy.plugin", "required")
 		case strings.ContainsAny(pol.Plugin, "/\\") || strings.HasSuffix(pol.Plugin, ".wasm"):
-			p.add(key+".policy.plugin", "%q: a file name in plugins.dir without .wasm", pol.Plugin)
+			p.Add(key+".policy.plugin", "%q: a file name in plugins.dir without .wasm", pol.Plugin)
 		}
 	}
 }
 
 // readFiles reads what the configuration names (the MQTT password file)
 // and converts the policy configs to JSON.
-func (c *Config) readFiles(p *problems) {
+func (c *Config) readFiles(p *Problems) {
 	if c.MQTT.PasswordFile != "" {
 		b, err := ReadFile(c.MQTT.PasswordFile)
 		if err != nil {
-			p.add("mqtt.password_file", "%v", err)
+			p.Add("mqtt.password_file", "%v", err)
 		} else {
 			c.MQTT.Password = trimNewline(b)
 		}
@@ -432,12 +410,12 @@ func (c *Config) readFiles(p *problems) {
 		key := fmt.Sprintf("devices[%d] (%s).policy.config", i, d.ID)
 		var v any
 		if err := d.Policy.Config.Decode(&v); err != nil {
-			p.add(key, "%v", err)
+			p.Add(key, "%v", err)
 			continue
 		}
 		b, err := json.Marshal(jsonable(v))
 		if err != nil {
-			p.add(key, "cannot be expressed as JSON: %v", err)
+			p.Add(key, "cannot be expressed as JSON: %v", err)
 			continue
 		}
 		d.Policy.ConfigJSON = b

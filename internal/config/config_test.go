@@ -1,4 +1,4 @@
-package config
+package config_test
 
 import (
 	"errors"
@@ -7,27 +7,33 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/device"
 )
 
+// http is a kind: http device's driver block (the device package
+// registers the kind).
+func http(d *config.Device) *device.HTTPConfig { return d.Driver.Config.(*device.HTTPConfig) }
+
 func TestShippedDefaultsParse(t *testing.T) {
-	c, err := Parse(configs.AgentYAML)
+	c, err := config.Parse(configs.AgentYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MQTT.Broker != "embedded" || c.DataDir != "./data" || *c.Admin.Listen != DefaultAdminListen {
+	if c.MQTT.Broker != "embedded" || c.DataDir != "./data" || c.Admin.Listen != config.DefaultAdminListen {
 		t.Fatalf("defaults: %+v", c)
 	}
 	d := c.Device("pump-7")
-	if d == nil || *d.Queue != 256 || d.Driver.Timeout.D() != 2*time.Second || !d.Driver.Queryable || d.WorkerID() != "d:pump-7" {
+	if d == nil || d.Queue != 256 || http(d).Timeout.D() != 2*time.Second || !http(d).Queryable || d.WorkerID() != "d:pump-7" {
 		t.Fatalf("pump-7: %+v", d)
 	}
-	if c.Dedup.Retention.D() != 168*time.Hour || *c.Dedup.KeepLast != 10000 || c.ShutdownTimeout.D() != 10*time.Second {
+	if c.Dedup.Retention.D() != 168*time.Hour || c.Dedup.KeepLast != 10000 || c.ShutdownTimeout.D() != 10*time.Second {
 		t.Fatalf("dedup/shutdown: %+v", c)
 	}
 }
 
 func TestShippedPolicyExampleParses(t *testing.T) {
-	c, err := Parse(configs.AgentPoliciesYAML)
+	c, err := config.Parse(configs.AgentPoliciesYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +55,7 @@ func TestShippedPolicyExampleParses(t *testing.T) {
 }
 
 func TestDefaultsAndGroups(t *testing.T) {
-	c, err := Parse([]byte(`gateway_id: g
+	c, err := config.Parse([]byte(`gateway_id: g
 mqtt: {broker: "tcp://127.0.0.1:1883"}
 devices:
   - {id: a, type: pump, group: s, driver: {url: "http://x"}}
@@ -62,7 +68,7 @@ devices:
 		t.Fatalf("mqtt defaults: %+v", c.MQTT)
 	}
 	a, b := c.Device("a"), c.Device("b")
-	if a.WorkerID() != "g:s" || b.WorkerID() != "g:s" || *a.Queue != DefaultQueue || *b.Queue != 3 || *a.Driver.Retries != 0 {
+	if a.WorkerID() != "g:s" || b.WorkerID() != "g:s" || a.Queue != config.DefaultQueue || b.Queue != 3 || http(a).Retries != 0 {
 		t.Fatalf("devices: %+v %+v", a, b)
 	}
 	if got := string(b.Policy.ConfigJSON); got != `{"n":[1,2],"pump":"a","valve":"b"}` {
@@ -89,9 +95,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"unknown driver kind", base + "devices:\n  - {id: p, type: pump, driver: {kind: bacnet, url: \"http://x\"}}\n", "devices[0] (p).driver.kind"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse([]byte(tc.yaml))
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want ErrInvalid naming %q", err, tc.want)
+			_, err := config.Parse([]byte(tc.yaml))
+			if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want config.ErrInvalid naming %q", err, tc.want)
 			}
 		})
 	}
@@ -100,7 +106,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 // A past defect: validate reported only the first problem. Every problem is
 // reported, each on its own line naming its key.
 func TestEveryProblemIsReported(t *testing.T) {
-	_, err := Parse([]byte(`gateway_id: "g/1"
+	_, err := config.Parse([]byte(`gateway_id: "g/1"
 mqtt: {broker: "tcp://h:1", embedded_listen: "x", topic_prefix: "a/#"}
 dedup: {keep_last: -1}
 devices:
@@ -108,8 +114,8 @@ devices:
   - {id: p, type: robot, queue: 0, driver: {url: "http://x"}, policy: {plugin: a.wasm}}
   -
 `))
-	if !errors.Is(err, ErrInvalid) {
-		t.Fatalf("got %v, want ErrInvalid", err)
+	if !errors.Is(err, config.ErrInvalid) {
+		t.Fatalf("got %v, want config.ErrInvalid", err)
 	}
 	want := []string{
 		"gateway_id: \"g/1\" must match",

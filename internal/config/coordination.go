@@ -68,55 +68,55 @@ func (c *Config) defaultsCoordination() {
 	}
 }
 
-func (c *Config) checkCoordination(p *problems) {
+func (c *Config) checkCoordination(p *Problems) {
 	e := c.Coordination.Etcd
 	if e == nil {
 		return
 	}
 	const k = "coordination.etcd"
 	if len(e.Endpoints) == 0 {
-		p.add(k+".endpoints", "at least one endpoint is required (http://host:2379 or https://host:2379)")
+		p.Add(k+".endpoints", "at least one endpoint is required (http://host:2379 or https://host:2379)")
 	}
 	var https, plain bool
 	for i, ep := range e.Endpoints {
 		u, err := url.Parse(ep)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			p.add(fmt.Sprintf("%s.endpoints[%d]", k, i), "%q: want http://host:port or https://host:port", ep)
+			p.Add(fmt.Sprintf("%s.endpoints[%d]", k, i), "%q: want http://host:port or https://host:port", ep)
 			continue
 		}
 		if _, port, err := net.SplitHostPort(u.Host); err != nil || port == "" {
-			p.add(fmt.Sprintf("%s.endpoints[%d]", k, i), "%q: the port is required (etcd's client port, usually 2379)", ep)
+			p.Add(fmt.Sprintf("%s.endpoints[%d]", k, i), "%q: the port is required (etcd's client port, usually 2379)", ep)
 		}
 		https = https || u.Scheme == "https"
 		plain = plain || u.Scheme == "http"
 	}
 	if https && plain {
-		p.add(k+".endpoints", "mixes http:// and https://: one cluster speaks one of them")
+		p.Add(k+".endpoints", "mixes http:// and https://: one cluster speaks one of them")
 	}
 	if plain && (e.TLS.CAFile != "" || e.TLS.CertFile != "") {
-		p.add(k+".tls", "set, but the endpoints are http://: use https:// endpoints")
+		p.Add(k+".tls", "set, but the endpoints are http://: use https:// endpoints")
 	}
 	if !coordPrefixRe.MatchString(e.Prefix) {
-		p.add(k+".prefix", "%q: want path segments of [A-Za-z0-9_.-] separated by /, without a leading or trailing /", e.Prefix)
+		p.Add(k+".prefix", "%q: want path segments of [A-Za-z0-9_.-] separated by /, without a leading or trailing /", e.Prefix)
 	}
 	if e.DialTimeout < 0 {
-		p.add(k+".dial_timeout", "must be positive")
+		p.Add(k+".dial_timeout", "must be positive")
 	}
 	if e.SessionTTL.D() < 2*time.Second || e.SessionTTL.D() > time.Hour {
-		p.add(k+".session_ttl", "%s: must be from 2s to 1h (etcd leases are whole seconds)", e.SessionTTL.D())
+		p.Add(k+".session_ttl", "%s: must be from 2s to 1h (etcd leases are whole seconds)", e.SessionTTL.D())
 	}
 	if (e.Username == "") != (e.PasswordFile == "") {
-		p.add(k+".password_file", "username and password_file go together")
+		p.Add(k+".password_file", "username and password_file go together")
 	}
 	if (e.TLS.CertFile == "") != (e.TLS.KeyFile == "") {
-		p.add(k+".tls", "cert_file and key_file go together")
+		p.Add(k+".tls", "cert_file and key_file go together")
 	}
 }
 
 // readCoordinationFiles reads the etcd password file and TLS files, so a
 // wrong path or a bad certificate is a configuration error naming the key,
 // not a failure to connect later.
-func (c *Config) readCoordinationFiles(p *problems) {
+func (c *Config) readCoordinationFiles(p *Problems) {
 	e := c.Coordination.Etcd
 	if e == nil {
 		return
@@ -125,7 +125,7 @@ func (c *Config) readCoordinationFiles(p *problems) {
 	if e.PasswordFile != "" {
 		b, err := ReadFile(e.PasswordFile)
 		if err != nil {
-			p.add(k+".password_file", "%v", err)
+			p.Add(k+".password_file", "%v", err)
 		} else {
 			e.Password = trimNewline(b)
 		}
@@ -140,12 +140,12 @@ func (c *Config) readCoordinationFiles(p *problems) {
 	if e.TLS.CAFile != "" {
 		b, err := ReadFile(e.TLS.CAFile)
 		if err != nil {
-			p.add(k+".tls.ca_file", "%v", err)
+			p.Add(k+".tls.ca_file", "%v", err)
 			return
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(b) {
-			p.add(k+".tls.ca_file", "%s: no PEM certificate in it", e.TLS.CAFile)
+			p.Add(k+".tls.ca_file", "%s: no PEM certificate in it", e.TLS.CAFile)
 			return
 		}
 		tc.RootCAs = pool
@@ -153,7 +153,7 @@ func (c *Config) readCoordinationFiles(p *problems) {
 	if e.TLS.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(e.TLS.CertFile, e.TLS.KeyFile)
 		if err != nil {
-			p.add(k+".tls.cert_file", "%v", err)
+			p.Add(k+".tls.cert_file", "%v", err)
 			return
 		}
 		tc.Certificates = []tls.Certificate{cert}

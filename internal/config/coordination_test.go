@@ -1,14 +1,16 @@
-package config
+package config_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/config"
 )
 
 func TestCoordinationDefaults(t *testing.T) {
-	c, err := Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\ncoordination:\n  etcd: {endpoints: [\"http://127.0.0.1:2379\"]}\n" + secDev))
+	c, err := config.Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\ncoordination:\n  etcd: {endpoints: [\"http://127.0.0.1:2379\"]}\n" + secDev))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -16,7 +18,7 @@ func TestCoordinationDefaults(t *testing.T) {
 	if e.Prefix != "edge" || e.DialTimeout.D() != 5*time.Second || e.SessionTTL.D() != 10*time.Second || e.TLSConfig != nil {
 		t.Fatalf("defaults: %+v", e)
 	}
-	c, err = Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\n" + secDev))
+	c, err = config.Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\n" + secDev))
 	if err != nil || c.Coordination.Etcd != nil {
 		t.Fatalf("without the block: %v %+v", err, c.Coordination)
 	}
@@ -37,8 +39,8 @@ func TestCoordinationProblems(t *testing.T) {
 		{"unknown key", "{endpoints: [\"http://h:1\"], endpoint: x}", "field endpoint not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\ncoordination:\n  etcd: " + tc.block + "\n" + secDev))
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			_, err := config.Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\ncoordination:\n  etcd: " + tc.block + "\n" + secDev))
+			if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want it to contain %q", err, tc.want)
 			}
 		})

@@ -10,9 +10,9 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
@@ -57,9 +57,46 @@ type EmbeddedTLS struct {
 
 // Embedded is what readFiles read of the embedded broker's files.
 type Embedded struct {
-	Passwords *mosq.Passwords // embedded_password_file; nil: none
-	ACL       *mosq.ACL       // embedded_acl_file; nil: none
-	TLS       *tls.Config     // embedded_tls; nil: plain TCP
+	// Passwords and ACL are embedded_password_file's and
+	// embedded_acl_file's contents, checked by the broker's format
+	// (RegisterBrokerFormat); nil: none.
+	Passwords []byte
+	ACL       []byte
+	TLS       *tls.Config // embedded_tls; nil: plain TCP
+}
+
+// BrokerFormat checks the embedded broker's password and ACL files: their
+// format is the broker's, which registers it (RegisterBrokerFormat), so
+// that config depends on no broker. Each error says what is wrong where
+// ("line 3: ...").
+type BrokerFormat struct {
+	Passwords func([]byte) error
+	ACL       func([]byte) error
+}
+
+var brokerFormat struct {
+	sync.RWMutex
+	f *BrokerFormat
+}
+
+// RegisterBrokerFormat sets the format of the embedded broker's files; the
+// broker's package calls it from init.
+func RegisterBrokerFormat(f BrokerFormat) {
+	brokerFormat.Lock()
+	defer brokerFormat.Unlock()
+	brokerFormat.f = &f
+}
+
+// registeredBrokerFormat is the format of the embedded broker's files; it
+// panics when the program registered none (it must import the broker's
+// package).
+func registeredBrokerFormat() *BrokerFormat {
+	brokerFormat.RLock()
+	defer brokerFormat.RUnlock()
+	if brokerFormat.f == nil {
+		panic("config: no embedded broker file format registered (import internal/mqtt)")
+	}
+	return brokerFormat.f
 }
 
 // DefaultMaxTTL is security.max_ttl's default.
@@ -105,13 +142,13 @@ func IsLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func (c *Config) checkSecurity(p *problems) {
+func (c *Config) checkSecurity(p *Problems) {
 	s := &c.Security
 	seen := map[string]int{}
 	for i, k := range s.Keys {
 		key := fmt.Sprintf("security.keys[%d]", i)
 		if k == nil {
-			p.add(key, "empty entry")
+			p.Add(key, "empty entry")
 			continue
 		}
 		if k.ID != "" {
@@ -119,30 +156,30 @@ func (c *Config) checkSecurity(p *problems) {
 		}
 		switch j, dup := seen[k.ID]; {
 		case k.ID == "":
-			p.add(key+".id", "required")
+			p.Add(key+".id", "required")
 		case !jws.ValidKeyID(k.ID):
-			p.add(key+".id", "%q must match [A-Za-z0-9._:-]{1,64}", k.ID)
+			p.Add(key+".id", "%q must match [A-Za-z0-9._:-]{1,64}", k.ID)
 		case dup:
-			p.add(key+".id", "duplicate key id %q (also security.keys[%d])", k.ID, j)
+			p.Add(key+".id", "duplicate key id %q (also security.keys[%d])", k.ID, j)
 		default:
 			seen[k.ID] = i
 		}
 		if k.PublicKeyFile == "" {
-			p.add(key+".public_key_file", "required")
+			p.Add(key+".public_key_file", "required")
 		}
 		for _, g := range k.Devices {
 			if _, err := path.Match(g, ""); err != nil || g == "" {
-				p.add(key+".devices", "%q is not a path.Match glob", g)
+				p.Add(key+".devices", "%q is not a path.Match glob", g)
 			}
 		}
 	}
 	if s.Signed() && len(s.Keys) == 0 {
-		p.add("security.require_signed", "true, but security.keys is empty: every command would be unauthorized")
+		p.Add("security.require_signed", "true, but security.keys is empty: every command would be unauthorized")
 	}
 	if s.MaxTTL <= 0 {
-		p.add("security.max_ttl", "must be positive")
+		p.Add("security.max_ttl", "must be positive")
 	} else if c.Dedup.Retention > 0 && c.Dedup.Retention < s.MaxTTL {
-		p.add("dedup.retention", "%s is shorter than security.max_ttl (%s): a replay of a signed command must meet either its record or its expiry",
+		p.Add("dedup.retention", "%s is shorter than security.max_ttl (%s): a replay of a signed command must meet either its record or its expiry",
 			c.Dedup.Retention.D(), s.MaxTTL.D())
 	}
 
@@ -159,30 +196,30 @@ func (c *Config) checkSecurity(p *problems) {
 			{"embedded_allow_anonymous", m.EmbeddedAllowAnonymous},
 		} {
 			if k.set {
-				p.add("mqtt."+k.name, "only with broker: embedded")
+				p.Add("mqtt."+k.name, "only with broker: embedded")
 			}
 		}
 	} else if !IsLoopback(m.EmbeddedListen) && m.EmbeddedPasswordFile == "" && !m.EmbeddedAllowAnonymous {
-		p.add("mqtt.embedded_listen", "%q is not a loopback address: set mqtt.embedded_password_file (or embedded_allow_anonymous: true to accept anonymous clients from the network)", m.EmbeddedListen)
+		p.Add("mqtt.embedded_listen", "%q is not a loopback address: set mqtt.embedded_password_file (or embedded_allow_anonymous: true to accept anonymous clients from the network)", m.EmbeddedListen)
 	}
 	if t := m.EmbeddedTLS; (t.CertFile == "") != (t.KeyFile == "") || (t.ClientCAFile != "" && t.CertFile == "") {
-		p.add("mqtt.embedded_tls", "cert_file and key_file go together (and client_ca_file needs them)")
+		p.Add("mqtt.embedded_tls", "cert_file and key_file go together (and client_ca_file needs them)")
 	}
 
-	if l := *c.Admin.Listen; l != "" && !IsLoopback(l) && c.Admin.Token == "" {
-		p.add("admin.token", "required when admin.listen (%q) is not a loopback address (docs/protocol.md §3)", l)
+	if l := c.Admin.Listen; l != "" && !IsLoopback(l) && c.Admin.Token == "" {
+		p.Add("admin.token", "required when admin.listen (%q) is not a loopback address (docs/protocol.md §3)", l)
 	}
 }
 
 // readSecurityFiles reads the key files (a bad one is a problem naming the
 // key) and the embedded broker's password, ACL and TLS files.
-func (c *Config) readSecurityFiles(p *problems) {
+func (c *Config) readSecurityFiles(p *Problems) {
 	c.readEmbeddedFiles(p)
 	s := &c.Security
 	for i, k := range s.Keys {
 		pub, err := ReadKey(k)
 		if err != nil {
-			p.add(fmt.Sprintf("security.keys[%d] (%s).public_key_file", i, k.ID), "%v", err)
+			p.Add(fmt.Sprintf("security.keys[%d] (%s).public_key_file", i, k.ID), "%v", err)
 			continue
 		}
 		k.Public = pub
@@ -196,35 +233,39 @@ func (c *Config) readSecurityFiles(p *problems) {
 			}
 		}
 		if err != nil {
-			p.add("security.result_key_file", "%v", err)
+			p.Add("security.result_key_file", "%v", err)
 		}
 	}
 }
 
-func (c *Config) readEmbeddedFiles(p *problems) {
+func (c *Config) readEmbeddedFiles(p *Problems) {
 	m := &c.MQTT
 	if f := m.EmbeddedPasswordFile; f != "" {
 		b, err := ReadFile(f)
 		if err == nil {
-			m.Embedded.Passwords, err = mosq.ParsePasswords(b)
+			err = registeredBrokerFormat().Passwords(b)
 		}
-		if err != nil {
-			p.add("mqtt.embedded_password_file", "%s: %v", f, err)
+		if err == nil {
+			m.Embedded.Passwords = b
+		} else {
+			p.Add("mqtt.embedded_password_file", "%s: %v", f, err)
 		}
 	}
 	if f := m.EmbeddedACLFile; f != "" {
 		b, err := ReadFile(f)
 		if err == nil {
-			m.Embedded.ACL, err = mosq.ParseACL(b)
+			err = registeredBrokerFormat().ACL(b)
 		}
-		if err != nil {
-			p.add("mqtt.embedded_acl_file", "%s: %v", f, err)
+		if err == nil {
+			m.Embedded.ACL = b
+		} else {
+			p.Add("mqtt.embedded_acl_file", "%s: %v", f, err)
 		}
 	}
 	if t := m.EmbeddedTLS; t.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
-			p.add("mqtt.embedded_tls", "cert_file %s, key_file %s: %v", t.CertFile, t.KeyFile, err)
+			p.Add("mqtt.embedded_tls", "cert_file %s, key_file %s: %v", t.CertFile, t.KeyFile, err)
 			return
 		}
 		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
@@ -235,7 +276,7 @@ func (c *Config) readEmbeddedFiles(p *problems) {
 				err = fmt.Errorf("%s: no PEM certificate", t.ClientCAFile)
 			}
 			if err != nil {
-				p.add("mqtt.embedded_tls.client_ca_file", "%v", err)
+				p.Add("mqtt.embedded_tls.client_ca_file", "%v", err)
 				return
 			}
 			cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert

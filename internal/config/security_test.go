@@ -1,4 +1,4 @@
-package config
+package config_test
 
 import (
 	"errors"
@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/config"
+	_ "github.com/edge-agent/edge-agent/internal/device" // registers kind: http
+	_ "github.com/edge-agent/edge-agent/internal/mqtt"   // registers the broker's file format
 	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
@@ -34,7 +37,7 @@ func TestSecurityKeysLoad(t *testing.T) {
 	dir := t.TempDir()
 	pa, _ := keyFiles(t, dir, "a")
 	pb, rk := keyFiles(t, dir, "b")
-	c, err := Parse([]byte(`gateway_id: gw-1
+	c, err := config.Parse([]byte(`gateway_id: gw-1
 mqtt: {broker: embedded}
 security:
   keys:
@@ -52,7 +55,7 @@ security:
 	if got := s.Keys[1].Devices; len(got) != 1 || got[0] != "*" {
 		t.Fatalf("devices default %v, want [*]", got)
 	}
-	c, err = Parse([]byte("gateway_id: g\nmqtt: {broker: embedded}\n" + secDev))
+	c, err = config.Parse([]byte("gateway_id: g\nmqtt: {broker: embedded}\n" + secDev))
 	if err != nil || c.Security.Signed() {
 		t.Fatalf("without keys, signatures are not required by default: %v %v", err, c.Security.Signed())
 	}
@@ -91,9 +94,9 @@ func TestSecurityProblemsNameTheKey(t *testing.T) {
 		{"admin off loopback without a token", base + "admin: {listen: \"0.0.0.0:9464\"}\n" + secDev, "admin.token: required when admin.listen (\"0.0.0.0:9464\") is not a loopback address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse([]byte(tc.yaml))
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want ErrInvalid naming %q", err, tc.want)
+			_, err := config.Parse([]byte(tc.yaml))
+			if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want config.ErrInvalid naming %q", err, tc.want)
 			}
 		})
 	}
@@ -106,7 +109,7 @@ func TestSecurityProblemsNameTheKey(t *testing.T) {
 		base + "admin: {listen: \"\"}\n" + secDev,
 		base + "dedup: {retention: 15m}\n" + secDev,
 	} {
-		if _, err := Parse([]byte(ok)); err != nil {
+		if _, err := config.Parse([]byte(ok)); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
@@ -120,14 +123,14 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("gateway_id: g\nmqtt: {broker: \"tcp://h:1\"}\nadmin: {listen: \":9\", token: x}\ndedup: {retention: 1s}\n" + secDev))
 	f.Add([]byte("security: {keys: [null, {id: \"\"}], require_signed: true}\ndevices: [null]\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, err := Parse(b)
+		c, err := config.Parse(b)
 		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			if !errors.Is(err, config.ErrInvalid) {
+				t.Fatalf("error %v does not wrap config.ErrInvalid", err)
 			}
 			return
 		}
-		if c.Security.RequireSigned == nil || c.Security.MaxTTL <= 0 || c.Admin.Listen == nil {
+		if c.Security.RequireSigned == nil || c.Security.MaxTTL <= 0 || c.DataDir == "" {
 			t.Fatalf("defaults missing: %+v", c.Security)
 		}
 	})

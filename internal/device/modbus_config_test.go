@@ -1,4 +1,4 @@
-package config
+package device
 
 import (
 	"errors"
@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/device"
-
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/internal/config"
 )
 
 // The driver block exactly as the contract (docs/protocol.md §7) gives it.
@@ -32,12 +31,12 @@ devices:
 `
 
 func TestModbusContractShapeParses(t *testing.T) {
-	c, err := Parse([]byte(modbusPump))
+	c, err := config.Parse([]byte(modbusPump))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dr := c.Device("pump-9").Driver
-	if dr.Kind != "modbus" || dr.URL != "tcp://10.0.0.7:502" || *dr.UnitID != 1 || dr.Timeout.D() != time.Second ||
+	dr := c.Device("pump-9").Driver.Config.(*ModbusConfig)
+	if c.Device("pump-9").Driver.Kind != "modbus" || dr.URL != "tcp://10.0.0.7:502" || *dr.UnitID != 1 || dr.Timeout.D() != time.Second ||
 		dr.Verify != "readback" || dr.Settle.D() != 500*time.Millisecond {
 		t.Fatalf("driver: %+v", dr)
 	}
@@ -57,7 +56,7 @@ func TestModbusContractShapeParses(t *testing.T) {
 }
 
 func TestModbusDefaults(t *testing.T) {
-	c, err := Parse([]byte(`gateway_id: g
+	c, err := config.Parse([]byte(`gateway_id: g
 mqtt: {broker: embedded}
 devices:
   - {id: m, type: generic, driver: {kind: modbus, url: "rtuovertcp://127.0.0.1:5020", verify: readback,
@@ -67,7 +66,7 @@ devices:
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, n := c.Device("m").Driver, c.Device("n").Driver
+	m, n := c.Device("m").Driver.Config.(*ModbusConfig), c.Device("n").Driver.Config.(*ModbusConfig)
 	if *m.UnitID != 1 || m.Timeout.D() != DefaultModbusTimeout || m.Settle.D() != DefaultModbusSettle {
 		t.Fatalf("m: %+v", m)
 	}
@@ -109,8 +108,8 @@ func TestModbusErrorsNameTheKey(t *testing.T) {
 		{"unknown key", `{kind: modbus, url: "tcp://x:502", registers: 1, ` + ok + `}`, `field registers not found`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse([]byte(head + tc.driver + "}\n"))
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			_, err := config.Parse([]byte(head + tc.driver + "}\n"))
+			if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want ErrInvalid naming %q", err, tc.want)
 			}
 		})
@@ -129,22 +128,22 @@ func TestFitsModbus(t *testing.T) {
 		{"int32", -2147483648, true}, {"int32", 2147483648, false},
 		{"float32", 1.5, true}, {"float32", 1e39, false},
 	} {
-		if err := device.FitsModbus(tc.typ, tc.v); (err == nil) != tc.ok {
-			t.Errorf("device.FitsModbus(%s, %v) = %v, want ok %v", tc.typ, tc.v, err, tc.ok)
+		if err := FitsModbus(tc.typ, tc.v); (err == nil) != tc.ok {
+			t.Errorf("FitsModbus(%s, %v) = %v, want ok %v", tc.typ, tc.v, err, tc.ok)
 		}
 	}
 }
 
 func TestShippedModbusExampleParses(t *testing.T) {
-	c, err := Parse(configs.AgentModbusYAML)
+	c, err := config.Parse(configs.AgentModbusYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := c.Device("pump-9").Driver
-	if p.Kind != "modbus" || p.Verify != "readback" || p.Settle.D() != 500*time.Millisecond || *p.UnitID != 1 {
+	p := c.Device("pump-9").Driver.Config.(*ModbusConfig)
+	if c.Device("pump-9").Driver.Kind != "modbus" || p.Verify != "readback" || p.Settle.D() != 500*time.Millisecond || *p.UnitID != 1 {
 		t.Fatalf("pump-9: %+v", p)
 	}
-	if r := c.Device("relay-9").Driver; r.Verify != "" || *r.UnitID != 2 || r.Timeout.D() != DefaultModbusTimeout {
+	if r := c.Device("relay-9").Driver.Config.(*ModbusConfig); r.Verify != "" || *r.UnitID != 2 || r.Timeout.D() != DefaultModbusTimeout {
 		t.Fatalf("relay-9: %+v", r)
 	}
 }
