@@ -111,7 +111,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("admin.listen %s: %w", *cfg.Admin.Listen, err)
 		}
 		a.handler.set(a.startingHandler())
-		a.adm = &http.Server{Handler: &a.handler, ReadHeaderTimeout: 5 * time.Second}
+		a.adm = &http.Server{Handler: agent.AdminGuard(&a.handler, *cfg.Admin.Listen, cfg.Admin.AllowedHosts), ReadHeaderTimeout: 5 * time.Second}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()

@@ -85,6 +85,9 @@ type TLS struct {
 type Admin struct {
 	Listen *string `yaml:"listen"` // nil: default; "": disabled
 	Token  string  `yaml:"token"`
+	// AllowedHosts are host names, besides admin.listen's host, that the
+	// admin API answers to in a request's Host header (agent.AdminGuard).
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Plugins says where policy plugins are found.
