@@ -87,6 +87,9 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 		// operator (worker.holdReadBack).
 		return wire.Result{}, fmt.Errorf("%w: %s", ErrQueryable, dev)
 	}
+	if err := a.settled(rt); err != nil {
+		return wire.Result{}, err
+	}
 	dec := Operator(applied)
 	if !applied {
 		state = nil
@@ -274,7 +277,7 @@ func httpErr(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, ErrUnknownDevice), errors.Is(err, ErrNoSuchOp):
 		code = http.StatusNotFound
-	case errors.Is(err, ErrQueryable), errors.Is(err, ErrNotUnknown):
+	case errors.Is(err, ErrQueryable), errors.Is(err, ErrNotUnknown), errors.Is(err, ErrTooEarly):
 		code = http.StatusConflict
 	case errors.Is(err, ErrBadRequest):
 		code = http.StatusBadRequest

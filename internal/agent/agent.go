@@ -130,6 +130,9 @@ type devRT struct {
 	// the worker holds it for an operator ("": none).
 	held atomic.Pointer[string]
 	outc [maxCodes]atomic.Pointer[prometheus.Counter] // metrics.byDevice
+
+	// wrote is when the last write to the device ended (settle.go).
+	wrote atomic.Pointer[time.Time]
 }
 
 // heldOp is the write held for an operator after a read-back, "" if none.

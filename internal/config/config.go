@@ -121,6 +121,11 @@ type Driver struct {
 	Resends    *int     `yaml:"resends"` // extension (docs/config.md): new keys after confirmed-unapplied tries
 	Idempotent bool     `yaml:"idempotent"`
 	Queryable  bool     `yaml:"queryable"`
+	// ResolveSettle is how long after the agent stopped waiting for a
+	// write to this device (its last try ended) an operator's answer for
+	// it is refused: the write may still land until then. nil:
+	// DefaultResolveSettle (docs/config.md).
+	ResolveSettle *Duration `yaml:"resolve_settle"`
 	// Modbus holds the keys of kind: modbus (modbus.go; docs/config.md).
 	Modbus `yaml:",inline"`
 }
@@ -156,6 +161,8 @@ const (
 	DefaultAdminListen     = "127.0.0.1:9464"
 	DefaultEmbeddedListen  = "127.0.0.1:1883"
 	MaxQueue               = 1 << 20
+	DefaultResolveSettle   = 10 * time.Second
+	MaxResolveSettle       = time.Hour
 )
 
 // DeviceTypes are the types of device the agent knows.
@@ -396,6 +403,9 @@ func (c *Config) checkDevice(p *problems, i int, d *Device, seen map[string]int)
 	}
 	if *dr.Resends < 0 || *dr.Resends > MaxResends {
 		p.add(key+".driver.resends", "%d: must be from 0 to %d", *dr.Resends, MaxResends)
+	}
+	if rs := dr.ResolveSettle; rs != nil && (*rs < 0 || rs.D() > MaxResolveSettle) {
+		p.add(key+".driver.resolve_settle", "%v: must be from 0 to %v", rs.D(), MaxResolveSettle)
 	}
 	if pol := d.Policy; pol != nil {
 		if l := pol.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {
