@@ -95,6 +95,7 @@ type Agent struct {
 	auth    *authState
 
 	incoming chan Delivery
+	opened   chan opened // from the verification lanes (lanes.go)
 	acks     chan *arrival
 
 	ctx      context.Context // cancelled at the hard stop
@@ -165,7 +166,7 @@ func New(o Options) (*Agent, error) {
 	}
 	a := &Agent{o: o, cfg: o.Config, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
 		devs: map[string]*devRT{}, workers: map[string]*worker{},
-		incoming: make(chan Delivery, 8192), acks: make(chan *arrival, 8192),
+		incoming: make(chan Delivery, 8192), opened: make(chan opened), acks: make(chan *arrival, 8192),
 		stopping: make(chan struct{}), failed: make(chan struct{}), stats: &statRing{}, begun: time.Now()}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	for _, d := range o.Config.Devices {
