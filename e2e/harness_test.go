@@ -64,6 +64,9 @@ type devSpec struct {
 	// modbusRTU puts a modbus device on the simulator's RTU-over-TCP
 	// listener instead (url: rtuovertcp://).
 	modbusRTU bool
+	// settle is the driver's resolve_settle; "": 0s (a test answers for
+	// a held write as soon as it is held), "default": the key is left out.
+	settle string
 }
 
 func pump(id string) devSpec {
@@ -172,6 +175,13 @@ func (e *env) writeConfig() string {
 			}
 			fmt.Fprintf(&b, "    driver:\n      url: %s\n      timeout: %s\n      retries: %d\n      idempotent: %v\n      queryable: %v\n",
 				url, d.timeout, d.retries, d.idempotent, d.queryable)
+		}
+		switch d.settle {
+		case "default":
+		case "":
+			b.WriteString("      resolve_settle: 0s\n")
+		default:
+			fmt.Fprintf(&b, "      resolve_settle: %s\n", d.settle)
 		}
 		b.WriteString(d.driver)
 		if d.policy != "" {

@@ -32,8 +32,9 @@ func chromium(t *testing.T) string {
 
 // browser starts a headless Chromium of its own (fresh profile, nothing
 // fetched from the network) and returns a tab's context, and the console
-// errors and uncaught exceptions the page has produced so far.
-func browser(t *testing.T) (context.Context, func() []string) {
+// errors and uncaught exceptions the page has produced so far. extra adds
+// command-line options (such as a host-resolver rule).
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) (context.Context, func() []string) {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromium(t)),
@@ -47,6 +48,7 @@ func browser(t *testing.T) (context.Context, func() []string) {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.WindowSize(1280, 1000),
 	}
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelTab := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancelTab(); cancelAlloc() }) // ends the browser it started

@@ -31,7 +31,7 @@ admin: {listen: "127.0.0.1:0"}
 devices:
   - id: valve-1
     type: valve
-    driver: {url: "%s", timeout: 1s, queryable: false}
+    driver: {url: "%s", timeout: 1s, queryable: false, resolve_settle: 0s}
 `, filepath.Join(t.TempDir(), "data"), brokerAddr, s.URL())))
 	if err != nil {
 		t.Fatal(err)

@@ -150,7 +150,7 @@ func httpErr(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, agent.ErrUnknownDevice), errors.Is(err, agent.ErrNoSuchOp):
 		code = http.StatusNotFound
-	case errors.Is(err, agent.ErrQueryable), errors.Is(err, agent.ErrNotUnknown):
+	case errors.Is(err, agent.ErrQueryable), errors.Is(err, agent.ErrNotUnknown), errors.Is(err, agent.ErrTooEarly):
 		code = http.StatusConflict
 	case errors.Is(err, agent.ErrBadRequest):
 		code = http.StatusBadRequest

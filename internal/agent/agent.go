@@ -120,6 +120,9 @@ type Device struct {
 	// Resends is how many times a write the device confirmed unapplied is
 	// sent again under a new key.
 	Resends int
+	// ResolveSettle is how long after a write to the device ended an
+	// operator's answer about it is refused (settle.go).
+	ResolveSettle time.Duration
 }
 
 // Agent is one running command path.
@@ -136,6 +139,7 @@ type Agent struct {
 	auth    *authState
 
 	incoming chan Delivery
+	opened   chan opened // from the verification lanes (lanes.go)
 	acks     chan *arrival
 
 	ctx      context.Context // cancelled at the hard stop
@@ -171,6 +175,9 @@ type devRT struct {
 	// the worker holds it for an operator ("": none).
 	held atomic.Pointer[string]
 	outc [maxCodes]atomic.Pointer[prometheus.Counter] // metrics.byDevice
+
+	// wrote is when the last write to the device ended (settle.go).
+	wrote atomic.Pointer[time.Time]
 }
 
 // heldOp is the write held for an operator after a read-back, "" if none.
@@ -203,7 +210,7 @@ func New(o Options) (*Agent, error) {
 	}
 	a := &Agent{o: o, cfg: o.Gateway, st: o.Store, log: o.Logger, m: newMetrics(o.Registry), now: o.Now,
 		devs: map[string]*devRT{}, workers: map[string]*worker{},
-		incoming: make(chan Delivery, 8192), acks: make(chan *arrival, 8192),
+		incoming: make(chan Delivery, 8192), opened: make(chan opened), acks: make(chan *arrival, 8192),
 		stopping: make(chan struct{}), failed: make(chan struct{}), stats: &statRing{}, begun: time.Now()}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	for i := range o.Devices {

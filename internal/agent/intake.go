@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
@@ -31,15 +30,18 @@ type arrival struct {
 func (a *Agent) intakeLoop() {
 	defer a.wg.Done()
 	defer close(a.acks)
+	lanes := map[string]*lane{}
 	for {
 		select {
 		case <-a.stopping:
 			return
 		case d := <-a.incoming:
+			a.toLane(lanes, d) // read on its worker's lane (lanes.go)
+		case o := <-a.opened:
 			if a.stoppingNow() {
 				return // left unacknowledged: the broker redelivers it
 			}
-			ar := a.admit(d)
+			ar := a.admit(o)
 			select {
 			case a.acks <- ar:
 			case <-a.failed:
@@ -55,16 +57,12 @@ func (a *Agent) intakeLoop() {
 // decide.go's Arrive and Dedup) and submits the admission to the group
 // commit without waiting for it, so one MQTT session's commands share
 // fsyncs.
-func (a *Agent) admit(d Delivery) *arrival {
+func (a *Agent) admit(o opened) *arrival {
+	d := o.d
 	ar := &arrival{d: d, kind: AdmitIgnore}
 	pfx, gw := a.cfg.TopicPrefix, a.cfg.GatewayID
 	dev, isCmd := wire.DeviceFromCmdTopic(pfx, gw, d.Topic)
-	var pe *wire.ParseError
-	var unauth *auth.Error
-	var cmd wire.Command
-	if isCmd && !d.Retained && len(d.Payload) > 0 {
-		cmd, unauth, pe = a.open(dev, d.Payload)
-	}
+	cmd, unauth, pe := o.cmd, o.unauth, o.pe
 	a.logArrival(dev, &cmd, d.Retained, len(d.Payload))
 	rt := a.devs[dev]
 	kind, code := Arrive(Arrival{Retained: d.Retained, Empty: len(d.Payload) == 0, CmdTopic: isCmd,

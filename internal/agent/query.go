@@ -93,6 +93,9 @@ func (a *Agent) Resolve(ctx context.Context, dev, op string, applied bool, state
 		// operator (worker.holdReadBack).
 		return wire.Result{}, fmt.Errorf("%w: %s", ErrQueryable, dev)
 	}
+	if err := a.settled(rt); err != nil {
+		return wire.Result{}, err
+	}
 	dec := Operator(applied)
 	if !applied {
 		state = nil

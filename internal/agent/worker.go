@@ -477,6 +477,7 @@ func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error
 	start := time.Now()
 	res := rt.drv.Apply(ctx, w.devWrite(o))
 	cancel()
+	rt.wroteNow()
 	a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
 	failpoint.Hit(failpoint.AfterWrite, o.OpID)
 	return AfterWrite(o, res), res.State, nil

@@ -119,7 +119,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("admin.listen %s: %w", cfg.Admin.Listen, err)
 		}
 		a.handler.set(a.startingHandler())
-		a.adm = &http.Server{Handler: &a.handler, ReadHeaderTimeout: 5 * time.Second}
+		a.adm = &http.Server{Handler: admin.Guard(&a.handler, cfg.Admin.Listen, cfg.Admin.AllowedHosts), ReadHeaderTimeout: 5 * time.Second}
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
@@ -405,7 +405,7 @@ func (a *App) buildDrivers() (map[string]device.Driver, []agent.Device, error) {
 	devs := make([]agent.Device, 0, len(a.cfg.Devices))
 	for i, d := range a.cfg.Devices {
 		ad := agent.Device{ID: d.ID, Type: d.Type, Group: d.Group, Lock: d.Lock, Worker: d.WorkerID(),
-			Queue: d.Queue, Resends: d.Driver.Resends}
+			Queue: d.Queue, Resends: d.Driver.Resends, ResolveSettle: d.Driver.ResolveSettle.D()}
 		switch dc := d.Driver.Config.(type) {
 		case *device.HTTPConfig:
 			hd := dc.Device()

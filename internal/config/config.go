@@ -89,6 +89,9 @@ type TLS struct {
 type Admin struct {
 	Listen string `yaml:"listen"` // default DefaultAdminListen; "": disabled
 	Token  string `yaml:"token"`
+	// AllowedHosts are host names, besides admin.listen's host, that the
+	// admin API answers to in a request's Host header (admin.Guard).
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Plugins says where policy plugins are found.
@@ -155,6 +158,8 @@ const (
 	DefaultAdminListen     = "127.0.0.1:9464"
 	DefaultEmbeddedListen  = "127.0.0.1:1883"
 	MaxQueue               = 1 << 20
+	DefaultResolveSettle   = 10 * time.Second
+	MaxResolveSettle       = time.Hour
 )
 
 // DeviceTypes are the types of device the agent knows.
@@ -376,6 +381,9 @@ func (c *Config) checkDevice(p *Problems, i int, d *Device, seen map[string]int)
 	}
 	if dr.Resends < 0 || dr.Resends > MaxResends {
 		p.Add(key+".driver.resends", "%d: must be from 0 to %d", dr.Resends, MaxResends)
+	}
+	if rs := dr.ResolveSettle.D(); rs < 0 || rs > MaxResolveSettle {
+		p.Add(key+".driver.resolve_settle", "%v: must be from 0 to %v", rs, MaxResolveSettle)
 	}
 	if pol := d.Policy; pol != nil {
 		if l := pol.Limits; l != nil && (l.Timeout < 0 || l.MemoryMiB < 0 || l.MaxInput < 0 || l.MaxOutput < 0 || l.Instances < 0 || l.InitTimeout < 0) {

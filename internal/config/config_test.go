@@ -90,6 +90,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"bad device id", base + "devices:\n  - {id: \"a/b\", type: pump, driver: {url: \"http://x\"}}\n", "devices[0] (a/b).id"},
 		{"bad url scheme", base + "devices:\n  - {id: p, type: pump, driver: {url: \"ftp://x\"}}\n", "devices[0] (p).driver.url"},
 		{"retries too many", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\", retries: 11}}\n", "devices[0] (p).driver.retries"},
+		{"resolve_settle negative", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\", resolve_settle: -1s}}\n", "devices[0] (p).driver.resolve_settle: -1s: must be from 0 to 1h0m0s"},
+		{"resolve_settle too long", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\", resolve_settle: 2h}}\n", "devices[0] (p).driver.resolve_settle: 2h0m0s"},
 		{"plugin with .wasm", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: a.wasm}}\n", "devices[0] (p).policy.plugin"},
 		{"negative limits", base + "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}, policy: {plugin: a, limits: {max_input: -1}}}\n", "devices[0] (p).policy.limits"},
 		{"unknown driver kind", base + "devices:\n  - {id: p, type: pump, driver: {kind: bacnet, url: \"http://x\"}}\n", "devices[0] (p).driver.kind"},

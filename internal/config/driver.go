@@ -22,6 +22,11 @@ type Driver struct {
 	// sent again under a new key (extension, docs/config.md; default
 	// DefaultResends).
 	Resends int
+	// ResolveSettle is how long after the agent stopped waiting for a
+	// write to this device (its last try ended) an operator's answer for
+	// it is refused: the write may still land until then (docs/config.md;
+	// default DefaultResolveSettle). Any kind.
+	ResolveSettle Duration
 	// Config is the kind's keys, decoded into the type its driver
 	// registered; nil when no driver registered Kind.
 	Config DriverConfig
@@ -76,11 +81,11 @@ func driverConfig(kind string) DriverConfig {
 	return nil
 }
 
-// UnmarshalYAML decodes kind and resends, then the other keys into the
+// UnmarshalYAML decodes kind, resends and resolve_settle, then the other keys into the
 // kind's registered configuration. Unknown keys are errors, worded and
 // numbered as the decoder words them elsewhere.
 func (dr *Driver) UnmarshalYAML(n *yaml.Node) error {
-	*dr = Driver{Kind: DefaultDriverKind, Resends: DefaultResends}
+	*dr = Driver{Kind: DefaultDriverKind, Resends: DefaultResends, ResolveSettle: Duration(DefaultResolveSettle)}
 	if n.Kind != yaml.MappingNode {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s `%s` into config.Driver", n.Line, n.ShortTag(), n.Value)}}
 	}
@@ -88,15 +93,16 @@ func (dr *Driver) UnmarshalYAML(n *yaml.Node) error {
 	rest := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line, Column: n.Column}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		to := rest
-		if k := n.Content[i].Value; k == "kind" || k == "resends" {
+		if k := n.Content[i].Value; k == "kind" || k == "resends" || k == "resolve_settle" {
 			to = own
 		}
 		to.Content = append(to.Content, n.Content[i], n.Content[i+1])
 	}
 	keys := struct {
-		Kind    string `yaml:"kind"`
-		Resends int    `yaml:"resends"`
-	}{dr.Kind, dr.Resends}
+		Kind          string   `yaml:"kind"`
+		Resends       int      `yaml:"resends"`
+		ResolveSettle Duration `yaml:"resolve_settle"`
+	}{dr.Kind, dr.Resends, dr.ResolveSettle}
 	var unknown []string
 	switch err := own.Decode(&keys).(type) {
 	case nil:
@@ -105,7 +111,7 @@ func (dr *Driver) UnmarshalYAML(n *yaml.Node) error {
 	default:
 		return err
 	}
-	dr.Kind, dr.Resends = keys.Kind, keys.Resends
+	dr.Kind, dr.Resends, dr.ResolveSettle = keys.Kind, keys.Resends, keys.ResolveSettle
 	if dr.Kind == "" {
 		dr.Kind = DefaultDriverKind
 	}

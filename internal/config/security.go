@@ -206,6 +206,11 @@ func (c *Config) checkSecurity(p *Problems) {
 		p.Add("mqtt.embedded_tls", "cert_file and key_file go together (and client_ca_file needs them)")
 	}
 
+	for i, h := range c.Admin.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, ":/ *") {
+			p.Add(fmt.Sprintf("admin.allowed_hosts[%d]", i), "%q: want a host name as a browser sends it in Host, without scheme, port or wildcard", h)
+		}
+	}
 	if l := c.Admin.Listen; l != "" && !IsLoopback(l) && c.Admin.Token == "" {
 		p.Add("admin.token", "required when admin.listen (%q) is not a loopback address (docs/protocol.md §3)", l)
 	}

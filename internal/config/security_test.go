@@ -92,6 +92,8 @@ func TestSecurityProblemsNameTheKey(t *testing.T) {
 		{"TLS without key", "gateway_id: g\nmqtt: {broker: embedded, embedded_tls: {cert_file: a}}\n" + secDev, "mqtt.embedded_tls"},
 		{"TLS files unreadable", "gateway_id: g\nmqtt: {broker: embedded, embedded_tls: {cert_file: /nonexistent, key_file: /nonexistent}}\n" + secDev, "mqtt.embedded_tls: cert_file /nonexistent"},
 		{"admin off loopback without a token", base + "admin: {listen: \"0.0.0.0:9464\"}\n" + secDev, "admin.token: required when admin.listen (\"0.0.0.0:9464\") is not a loopback address"},
+		{"admin allowed host with a port", base + "admin: {allowed_hosts: [gw-1.example, \"gw-1:9464\"]}\n" + secDev, "admin.allowed_hosts[1]: \"gw-1:9464\": want a host name"},
+		{"admin allowed host wildcard", base + "admin: {allowed_hosts: [\"*\"]}\n" + secDev, "admin.allowed_hosts[0]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml))
@@ -107,6 +109,7 @@ func TestSecurityProblemsNameTheKey(t *testing.T) {
 		"gateway_id: g\nmqtt: {broker: embedded, embedded_listen: \"[::1]:1883\"}\n" + secDev,
 		base + "admin: {listen: \"0.0.0.0:9464\", token: t}\n" + secDev,
 		base + "admin: {listen: \"\"}\n" + secDev,
+		base + "admin: {allowed_hosts: [gw-1.plant.example, localhost]}\n" + secDev,
 		base + "dedup: {retention: 15m}\n" + secDev,
 	} {
 		if _, err := config.Parse([]byte(ok)); err != nil {
