@@ -462,6 +462,9 @@ func paramsJSON(p any) (json.RawMessage, error) {
 	if t[0] != '{' || !json.Valid(t) {
 		return nil, errors.New("must be a JSON object")
 	}
+	if err := wire.CheckParamKeys(t); err != nil {
+		return nil, err
+	}
 	return json.RawMessage(t), nil
 }
 

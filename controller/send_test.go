@@ -320,7 +320,8 @@ func TestSendCommandFields(t *testing.T) {
 	for _, bad := range []struct {
 		dev, action string
 		params      any
-	}{{"a/b", "set", nil}, {"pump-7", "Set", nil}, {"pump-7", "set", []int{1}}, {"pump-7", "set", json.RawMessage(`{`)}} {
+	}{{"a/b", "set", nil}, {"pump-7", "Set", nil}, {"pump-7", "set", []int{1}}, {"pump-7", "set", json.RawMessage(`{`)},
+		{"pump-7", "set", json.RawMessage(`{"rpm":1,"RPM":2}`)}} {
 		if _, err := s.Send(ctx, bad.dev, bad.action, bad.params); !errors.Is(err, ErrInvalidCommand) {
 			t.Fatalf("send %+v: %v, want ErrInvalidCommand", bad, err)
 		}

@@ -97,6 +97,9 @@ func parseParams(kvs []string) (json.RawMessage, error) {
 	if err != nil {
 		return nil, usagef("--param: %v", err)
 	}
+	if err := wire.CheckParamKeys(b); err != nil {
+		return nil, usagef("--param: %v", err)
+	}
 	return b, nil
 }
 
