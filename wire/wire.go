@@ -67,16 +67,16 @@ func StatusOf(c Code) Status {
 }
 
 // Recorded reports whether an outcome with code c leaves an op record
-// (docs/protocol.md §1, "What is recorded"): every final outcome and unknown,
-// except the ones answered on arrival (unauthorized, invalid,
-// unknown_device, op_conflict, busy) and the ones that end a command
-// without a device write after it entered the inbox (policy_error,
-// device_unreachable). A command that leaves no record is handled afresh
-// when it is sent again.
+// (docs/protocol.md §1, "What is recorded"): every final outcome and
+// unknown, except the ones answered on arrival (unauthorized, invalid,
+// unknown_device, op_conflict, busy). A command that leaves no record is
+// handled afresh when it is sent again. policy_error and
+// device_unreachable are recorded (final means final, invariant 8): a
+// resend, a redelivery or a replay of their command gets the recorded
+// outcome, never a run after a final Result.
 func Recorded(c Code) bool {
 	switch c {
-	case CodeUnauthorized, CodeInvalid, CodeUnknownDevice, CodeOpConflict, CodeBusy,
-		CodePolicyError, CodeDeviceUnreachable:
+	case CodeUnauthorized, CodeInvalid, CodeUnknownDevice, CodeOpConflict, CodeBusy:
 		return false
 	}
 	return true
