@@ -253,15 +253,15 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		return wire.Result{}, fmt.Errorf("device %s: waiting for the previous command: %w", device, err)
 	}
 	defer release()
-	results, unregister, err := s.conn.register(cmd.OpID)
-	if err != nil {
-		return wire.Result{}, err
-	}
-	defer unregister()
 	payload, err := s.encode(cmd)
 	if err != nil {
 		return wire.Result{}, err
 	}
+	results, unregister, err := s.conn.register(cmd.OpID, device, wire.PayloadDigest(payload))
+	if err != nil {
+		return wire.Result{}, err
+	}
+	defer unregister()
 	topic := wire.CmdTopic(s.conn.opts.Prefix, s.conn.opts.Gateway, device)
 	// An unauthorized Result comes on the device's result topic, never to
 	// reply_to. A broker that refuses the subscription (its ACL) only

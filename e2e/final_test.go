@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +15,7 @@ import (
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // restartSim starts the simulator again on the address of the closed one.
@@ -143,5 +148,68 @@ func TestPolicyErrorIsFinal(t *testing.T) {
 	}
 	if n := len(e.journal()); n != 0 {
 		t.Fatalf("journal has %d entries", n)
+	}
+}
+
+// A keyless publisher cannot end an honest Send with unauthorized: it
+// reads the op_id of a signed command on the cmd topic and publishes an
+// unsigned command with that op_id. The agent answers that one
+// unauthorized, echoing the op_id, on the device's result topic, signed
+// by the gateway; the Result names the SHA-256 of the refused payload, so
+// the controller package, which takes an unauthorized Result only for its
+// own bytes, drops it, and Send returns the honest command's outcome.
+func TestForgedUnauthorizedCannotEndAnHonestSend(t *testing.T) {
+	owner := newCtlKey(t, "ctl-a")
+	gwPrivPEM, gwPubPEM, _ := jws.GenerateKey()
+	gwKeyFile := filepath.Join(t.TempDir(), "gateway.key")
+	if err := os.WriteFile(gwKeyFile, gwPrivPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gwPub, _ := jws.ParsePublicKeys(gwPubPEM)
+	e := newEnv(t, pump("pump-7"))
+	e.extra = securityYAML("  result_key_file: "+gwKeyFile+"\n", map[*ctlKey][]string{&owner: {"pump-*"}})
+	e.start()
+	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 700}) // time for the forgery
+	cmds := mqtttest.Subscribe(t, e.broker, wire.CmdTopic(wire.DefaultPrefix, gw, "pump-7"))
+	results := mqtttest.Subscribe(t, e.broker, wire.ResultTopic(wire.DefaultPrefix, gw, "pump-7"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := controller.Dial(ctx, controller.ConnOptions{Broker: e.broker, Gateway: gw, ResultKey: gwPub[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s := controller.NewSender(conn, &controller.FixedFence{Fence: 5, Holder: "owner"},
+		&controller.SendOptions{SignKey: owner.priv, KeyID: owner.id})
+
+	forged := make(chan string, 1)
+	go func() {
+		m := mqtttest.Await(t, cmds, 20*time.Second, func(mqtttest.Received) bool { return true })
+		tok, err := jws.Parse(m.Payload)
+		var c wire.Command
+		if err != nil || json.Unmarshal(tok.Payload, &c) != nil {
+			forged <- ""
+			return
+		}
+		e.send("pump-7", fmt.Sprintf(`{"op_id":%q,"fence":1,"action":"stop"}`, c.OpID))
+		forged <- c.OpID
+	}()
+	r, err := s.Send(ctx, "pump-7", "set", map[string]int{"rpm": 1200})
+	op := <-forged
+	if op == "" {
+		t.Fatal("the forger did not read the honest command")
+	}
+	// The forgery was answered, signed by the gateway, with that op_id.
+	mqtttest.Await(t, results, 10*time.Second, func(m mqtttest.Received) bool {
+		tok, err := jws.Parse(m.Payload)
+		var fr wire.Result
+		return err == nil && tok.Verify(gwPub[0]) == nil && json.Unmarshal(tok.Payload, &fr) == nil &&
+			fr.OpID == op && fr.Code == wire.CodeUnauthorized
+	})
+	if err != nil || r.Status != wire.StatusApplied || r.OpID != op {
+		t.Fatalf("the honest Send: %+v %v, want its own outcome, applied", r, err)
+	}
+	if ops := e.journalOps(); len(ops) != 1 || ops[0] != op {
+		t.Fatalf("journal %v", ops)
 	}
 }

@@ -5,6 +5,8 @@
 package wire
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"time"
 )
@@ -121,6 +123,20 @@ type Result struct {
 	Duplicate bool            `json:"duplicate"`
 	Output    json.RawMessage `json:"output,omitempty"`
 	At        time.Time       `json:"at"`
+	// PayloadSHA256 binds an unauthorized Result to the message it
+	// refuses (docs/protocol.md §6): the SHA-256, in lowercase hex, of
+	// that message's payload as received (PayloadDigest). Its op_id is
+	// read unverified, so a publisher without a key could otherwise make
+	// the agent answer unauthorized for another command's op_id; a
+	// controller takes an unauthorized Result only when this names the
+	// bytes it published. Empty for every other code.
+	PayloadSHA256 string `json:"payload_sha256,omitempty"`
+}
+
+// PayloadDigest is a message payload's Result.PayloadSHA256.
+func PayloadDigest(payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return hex.EncodeToString(sum[:])
 }
 
 // Final reports whether the Result ends its operation (anything but unknown).
