@@ -253,6 +253,10 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		return wire.Result{}, fmt.Errorf("device %s: waiting for the previous command: %w", device, err)
 	}
 	defer release()
+	// Counted from when the command can go out, after the device's
+	// previous command has ended.
+	exp := time.Now().Add(s.opts.ExpiresIn).UTC()
+	cmd.ExpiresAt = &exp
 	payload, err := s.encode(cmd)
 	if err != nil {
 		return wire.Result{}, err
@@ -431,8 +435,6 @@ func (s *Sender) command(device, action string, params any, opID string) (wire.C
 	if s.opts.SignKey != nil {
 		cmd.Device = device // the binding of a signed command (encode)
 	}
-	exp := time.Now().Add(s.opts.ExpiresIn).UTC()
-	cmd.ExpiresAt = &exp
 	return cmd, nil
 }
 
