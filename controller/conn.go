@@ -62,10 +62,18 @@ type Conn struct {
 
 	mu         sync.Mutex
 	closed     bool
-	waiters    map[string]chan wire.Result // by op_id
+	waiters    map[string]waiter // by op_id
 	dropped    int
 	unverified int
+	foreign    int
 	watched    map[string]bool // device result topics subscribed (watchDevice)
+}
+
+// waiter is one Send awaiting the Results of its op_id.
+type waiter struct {
+	ch     chan wire.Result
+	device string
+	digest string // wire.PayloadDigest of the published command
 }
 
 // ReplyTopic returns the controller's reply topic for a gateway.
@@ -96,7 +104,7 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 	c := &Conn{
 		opts:    opts,
 		reply:   ReplyTopic(opts.Prefix, opts.Gateway, opts.ControllerID),
-		waiters: map[string]chan wire.Result{},
+		waiters: map[string]waiter{},
 		watched: map[string]bool{},
 	}
 	if !wire.ValidPublishTopic(c.reply) {
@@ -193,7 +201,11 @@ func (c *Conn) Close() error {
 // dropped, and Send's resend of the same op_id recovers it. From a
 // device's result topic (watchDevice) only unauthorized Results are
 // taken: the agent sends those there and never to reply_to
-// (docs/protocol.md §6).
+// (docs/protocol.md §6). An unauthorized Result echoes an op_id the agent
+// could not verify, so anyone who may publish on the cmd topic could have
+// one sent for another command's op_id: it is taken only when it is about
+// the Send's own device and its payload_sha256 names the bytes that Send
+// published.
 func (c *Conn) onMessage(_ paho.Client, m paho.Message) {
 	if m.Retained() {
 		return
@@ -221,12 +233,17 @@ func (c *Conn) onMessage(_ paho.Client, m paho.Message) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ch, ok := c.waiters[r.OpID]
+	w, ok := c.waiters[r.OpID]
 	if !ok {
 		return
 	}
+	if r.Code == wire.CodeUnauthorized && (r.PayloadSHA256 != w.digest || r.Device != w.device ||
+		!onReply && m.Topic() != wire.ResultTopic(c.opts.Prefix, c.opts.Gateway, w.device)) {
+		c.foreign++
+		return
+	}
 	select {
-	case ch <- r:
+	case w.ch <- r:
 	default:
 		c.dropped++
 	}
@@ -247,6 +264,15 @@ func (c *Conn) open(payload []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return tok.Payload, true
+}
+
+// Foreign counts the unauthorized Results dropped because they were about
+// another message than the one their op_id's Send published (another
+// payload, or another device).
+func (c *Conn) Foreign() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.foreign
 }
 
 // Unverified counts the messages dropped because they were not signed by
@@ -283,7 +309,10 @@ func (c *Conn) watchDevice(ctx context.Context, device string) error {
 	return nil
 }
 
-func (c *Conn) register(opID string) (<-chan wire.Result, func(), error) {
+// register makes the Results of opID, a command for device whose
+// published payload has the given wire.PayloadDigest, go to the returned
+// channel until the returned func is called.
+func (c *Conn) register(opID, device, digest string) (<-chan wire.Result, func(), error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -293,7 +322,7 @@ func (c *Conn) register(opID string) (<-chan wire.Result, func(), error) {
 		return nil, nil, fmt.Errorf("%w: op_id %s is already awaited on this connection", ErrInvalidCommand, opID)
 	}
 	ch := make(chan wire.Result, 16)
-	c.waiters[opID] = ch
+	c.waiters[opID] = waiter{ch: ch, device: device, digest: digest}
 	return ch, func() {
 		c.mu.Lock()
 		delete(c.waiters, opID)

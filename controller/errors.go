@@ -67,7 +67,9 @@ var (
 	// ErrPublish is returned by Send when a publish did not complete.
 	ErrPublish = errors.New("controller: publish failed")
 	// ErrOutcomeUnknown is returned by Send when ctx ended before a final
-	// Result arrived: the command may or may not take effect; resend it
+	// Result arrived (while waiting, or while retrying after busy): the
+	// command may or may not take effect, until its expires_at (Send
+	// always sets one: SendOptions.ExpiresIn) and never after; resend it
 	// with the same op_id to learn its outcome.
 	ErrOutcomeUnknown = errors.New("controller: outcome unknown (no final result before the deadline)")
 	// ErrNotApplied is wrapped by *ResultError for a final Result that is

@@ -110,9 +110,11 @@ type SendOptions struct {
 	// LockFor names the lock whose fence goes with commands to a device.
 	// Nil means the owner's first lock for every device.
 	LockFor func(device string) string
-	// ExpiresIn, when set, puts expires_at = now + ExpiresIn on each
-	// command (a coarse safety net; fencing is what protects). Zero
-	// means no expires_at, or DefaultSignedExpiry when signing.
+	// ExpiresIn puts expires_at = now + ExpiresIn on each command, so a
+	// Send that gives up (ErrOutcomeUnknown) knows the agent will not
+	// start the command after that time (by the agent's clock; fencing,
+	// not the clock, is what protects the device). Zero means
+	// DefaultExpiry.
 	ExpiresIn time.Duration
 	// SignKey, when set, signs every command (docs/protocol.md §6): a JWS
 	// with kid KeyID, its payload the command with gateway, device and
@@ -135,10 +137,11 @@ type SendOptions struct {
 	OnPublish func(cmd wire.Command, err error)
 }
 
-// DefaultSignedExpiry is how long a signed command is valid when
-// SendOptions.ExpiresIn is zero: well within the agent's default max_ttl
-// (15m), and long enough for a Send's resends of the same command.
-const DefaultSignedExpiry = time.Minute
+// DefaultExpiry is how long a command may be started when
+// SendOptions.ExpiresIn is zero: long enough for a Send's resends of the
+// same command, and well within the agent's default security.max_ttl
+// (15m) for a signed one.
+const DefaultExpiry = time.Minute
 
 // Sender sends commands under one Owner over one Conn. Sends to one device
 // are serialised per owner (every Sender of a Holder shares the order):
@@ -178,8 +181,8 @@ func NewSender(conn *Conn, owner Owner, opts *SendOptions) *Sender {
 	if o.BackoffMax <= 0 {
 		o.BackoffMax = 2 * time.Second
 	}
-	if o.SignKey != nil && o.ExpiresIn <= 0 {
-		o.ExpiresIn = DefaultSignedExpiry
+	if o.ExpiresIn <= 0 {
+		o.ExpiresIn = DefaultExpiry
 	}
 	return &Sender{conn: conn, owner: owner, opts: o}
 }
@@ -218,7 +221,9 @@ var testHookBeforePublish func(wire.Command)
 //   - A Result with status unknown is not final: it keeps waiting.
 //   - busy, and fence_unconfirmed (the gateway cannot yet confirm it
 //     remembers the device's fences: its floor from etcd is not taken):
-//     resent after a full-jitter backoff; neither is final.
+//     not final, nothing happened; resent after a full-jitter backoff;
+//     ctx ends first: ErrOutcomeUnknown, since a resend may have been
+//     queued meanwhile.
 //   - stale_fence, or any Result whose last_fence is above the fence: the
 //     owner is moved to LOST and Send returns an error wrapping ErrLost
 //     and ErrNewerFence (with the Result). What to do next: release,
@@ -226,7 +231,13 @@ var testHookBeforePublish func(wire.Command)
 //     one, or above the gateway's fence floor after it forgot its
 //     fences), send a barrier (action "fence") and then the commands.
 //   - Another final Result that is not applied: (Result, *ResultError).
-//   - ctx ends first: ErrOutcomeUnknown; resend with WithOpID to learn it.
+//     It is final, device_unreachable and policy_error included: the
+//     agent records it and answers the same op_id with it from then on,
+//     so trying again (the device is back, the plugin fixed) is a new
+//     Send with a new op_id.
+//   - ctx ends first: ErrOutcomeUnknown; the command may still be started
+//     until its expires_at (SendOptions.ExpiresIn), never after; resend
+//     with WithOpID to learn its outcome.
 //
 // params is nil, a JSON object as json.RawMessage or []byte, or any value
 // that marshals to a JSON object.
@@ -247,15 +258,19 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		return wire.Result{}, fmt.Errorf("device %s: waiting for the previous command: %w", device, err)
 	}
 	defer release()
-	results, unregister, err := s.conn.register(cmd.OpID)
-	if err != nil {
-		return wire.Result{}, err
-	}
-	defer unregister()
+	// Counted from when the command can go out, after the device's
+	// previous command has ended.
+	exp := time.Now().Add(s.opts.ExpiresIn).UTC()
+	cmd.ExpiresAt = &exp
 	payload, err := s.encode(cmd)
 	if err != nil {
 		return wire.Result{}, err
 	}
+	results, unregister, err := s.conn.register(cmd.OpID, device, wire.PayloadDigest(payload))
+	if err != nil {
+		return wire.Result{}, err
+	}
+	defer unregister()
 	topic := wire.CmdTopic(s.conn.opts.Prefix, s.conn.opts.Gateway, device)
 	// An unauthorized Result comes on the device's result topic, never to
 	// reply_to. A broker that refuses the subscription (its ACL) only
@@ -280,7 +295,7 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return last, fmt.Errorf("device %s op %s: %w: %w", device, cmd.OpID, ErrOutcomeUnknown, err)
+				return last, gaveUp(device, cmd, "publish", err)
 			}
 			return last, fmt.Errorf("device %s op %s: %w", device, cmd.OpID, err)
 		}
@@ -299,7 +314,7 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return last, fmt.Errorf("device %s op %s: busy until the deadline: %w", device, cmd.OpID, ctx.Err())
+				return last, gaveUp(device, cmd, "busy until the deadline", ctx.Err())
 			case <-s.owner.Context().Done():
 				t.Stop()
 			case <-t.C:
@@ -329,7 +344,7 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 	for {
 		select {
 		case <-ctx.Done():
-			return last, awaitEnded, fmt.Errorf("device %s op %s: %w: %w", device, cmd.OpID, ErrOutcomeUnknown, ctx.Err())
+			return last, awaitEnded, gaveUp(device, cmd, "no final Result", ctx.Err())
 		case <-s.owner.Context().Done():
 			return last, awaitEnded, fmt.Errorf("device %s op %s: result not awaited: %w", device, cmd.OpID, s.owner.Check())
 		case <-t.C:
@@ -364,6 +379,13 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 			}
 		}
 	}
+}
+
+// gaveUp is Send's error when ctx ends before a final Result: the
+// outcome is unknown until the command's expires_at.
+func gaveUp(device string, cmd wire.Command, what string, cause error) error {
+	return fmt.Errorf("device %s op %s: %s: %w; it is not started after its expires_at %s: %w",
+		device, cmd.OpID, what, ErrOutcomeUnknown, cmd.ExpiresAt.Format(time.RFC3339Nano), cause)
 }
 
 func (s *Sender) count(f func(*SendStats)) {
@@ -421,10 +443,6 @@ func (s *Sender) command(device, action string, params any, opID string) (wire.C
 	if s.opts.SignKey != nil {
 		cmd.Device = device // the binding of a signed command (encode)
 	}
-	if s.opts.ExpiresIn > 0 {
-		t := time.Now().Add(s.opts.ExpiresIn).UTC()
-		cmd.ExpiresAt = &t
-	}
 	return cmd, nil
 }
 
@@ -469,6 +487,9 @@ func paramsJSON(p any) (json.RawMessage, error) {
 	}
 	if t[0] != '{' || !json.Valid(t) {
 		return nil, errors.New("must be a JSON object")
+	}
+	if err := wire.CheckParamKeys(t); err != nil {
+		return nil, err
 	}
 	return json.RawMessage(t), nil
 }

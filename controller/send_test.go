@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -320,7 +321,8 @@ func TestSendCommandFields(t *testing.T) {
 	for _, bad := range []struct {
 		dev, action string
 		params      any
-	}{{"a/b", "set", nil}, {"pump-7", "Set", nil}, {"pump-7", "set", []int{1}}, {"pump-7", "set", json.RawMessage(`{`)}} {
+	}{{"a/b", "set", nil}, {"pump-7", "Set", nil}, {"pump-7", "set", []int{1}}, {"pump-7", "set", json.RawMessage(`{`)},
+		{"pump-7", "set", json.RawMessage(`{"rpm":1,"RPM":2}`)}} {
 		if _, err := s.Send(ctx, bad.dev, bad.action, bad.params); !errors.Is(err, ErrInvalidCommand) {
 			t.Fatalf("send %+v: %v, want ErrInvalidCommand", bad, err)
 		}
@@ -380,5 +382,37 @@ func TestReconnectAfterRepeatedBrokerRestarts(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
 	if took := time.Since(start); took > 4*time.Second {
 		t.Fatalf("after the 7th broker restart in a row the controller took %v to reconnect (the cap is 2s)", took)
+	}
+}
+
+// busy is not final: a Send that gives up on it reports the outcome
+// unknown (a resend may have been queued), and every command, signed or
+// not, carries expires_at (DefaultExpiry), after which the agent does
+// not start it.
+func TestSendGivingUpOnBusyIsOutcomeUnknown(t *testing.T) {
+	broker := mqtttest.StartMosquitto(t).URL()
+	rs := startResponder(t, broker, "gw-busy", func(c wire.Command, _ int) []delayed {
+		return []delayed{{0, result(c, wire.CodeBusy, c.Fence)}}
+	})
+	conn := dial(t, broker, "gw-busy")
+	s := NewSender(conn, &FixedFence{Fence: 3}, &SendOptions{BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	before := time.Now()
+	_, err := s.Send(ctx, "pump-7", "set", map[string]int{"rpm": 1})
+	var re *ResultError
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotApplied) || errors.As(err, &re) {
+		t.Fatalf("send: %v, want ErrOutcomeUnknown and no final rejection", err)
+	}
+	seen := rs.seen()
+	if len(seen) < 2 {
+		t.Fatalf("busy was not retried: %d publishes", len(seen))
+	}
+	exp := seen[0].cmd.ExpiresAt
+	if exp == nil || exp.Before(before.Add(DefaultExpiry-time.Second)) || exp.After(time.Now().Add(DefaultExpiry)) {
+		t.Fatalf("expires_at %v, want now + %v", exp, DefaultExpiry)
+	}
+	if !strings.Contains(err.Error(), exp.Format(time.RFC3339Nano)) {
+		t.Fatalf("the error %q does not say until when the outcome is unknown", err)
 	}
 }

@@ -107,8 +107,10 @@ func TestTombstonedKeyIsNeverApplied(t *testing.T) {
 	}
 }
 
-// Firmware down: device_unreachable, nothing recorded, a later resend
-// works. A 5xx is unknown, never device_unreachable.
+// Firmware down: device_unreachable, recorded like every final outcome
+// (invariant 8): a resend once the firmware is back gets it replayed, and
+// trying again is a new op_id. A 5xx is unknown, never
+// device_unreachable.
 func TestUnreachableAnd5xx(t *testing.T) {
 	e := newEnv(t, pump("pump-7"), pump("pump-8"))
 	e.start()
@@ -121,18 +123,21 @@ func TestUnreachableAnd5xx(t *testing.T) {
 	if !strings.Contains(r.Reason, "could not be reached") {
 		t.Fatalf("reason %q does not say the device could not be reached", r.Reason)
 	}
-	if code, _ := e.admin("/v1/devices/pump-7/ops/op-1"); code != http.StatusNotFound {
-		t.Fatalf("device_unreachable was recorded (admin %d)", code)
+	if code, _ := e.admin("/v1/devices/pump-7/ops/op-1"); code != http.StatusOK {
+		t.Fatalf("device_unreachable was not recorded (admin %d)", code)
 	}
-	// Firmware back on the same address: the resend is handled afresh.
+	// Firmware back on the same address: the resend meets the record; a
+	// new op_id is applied.
 	s2 := sim.StartForTestWith(t, sim.Options{Devices: map[string]string{"pump-7": "pump", "pump-8": "pump"}}, strings.TrimPrefix(down, "http://"))
 	e.sim = s2
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	r = e.result("op-1", 2)
-	want(t, r, wire.StatusApplied, wire.CodeOK)
-	if r.Duplicate {
-		t.Fatal("device_unreachable was replayed")
+	want(t, r, wire.StatusFailed, wire.CodeDeviceUnreachable)
+	if !r.Duplicate {
+		t.Fatal("device_unreachable was not replayed from its record")
 	}
+	e.send("pump-7", cmd("op-1b", 3, "set", `{"rpm":300}`))
+	want(t, e.final("op-1b"), wire.StatusApplied, wire.CodeOK)
 
 	setFaults(t, e.sim, sim.Faults{Device: "pump-8", ErrorRate: 1})
 	e.send("pump-8", cmd("op-2", 3, "set", `{"rpm":1}`))

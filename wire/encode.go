@@ -16,7 +16,7 @@ import (
 
 // MarshalResult is json.Marshal(r).
 func MarshalResult(r Result) ([]byte, error) {
-	b := make([]byte, 0, 192+len(r.Reason)+len(r.Output))
+	b := make([]byte, 0, 272+len(r.Reason)+len(r.Output))
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(r.V), 10)
 	ok := true
@@ -46,6 +46,10 @@ func MarshalResult(r Result) ([]byte, error) {
 	}
 	b = append(b, `,"at":`...)
 	b, ok = appendTime(b, r.At, ok)
+	if r.PayloadSHA256 != "" {
+		b = append(b, `,"payload_sha256":`...)
+		b, ok = appendPlain(b, r.PayloadSHA256, ok)
+	}
 	if !ok {
 		return json.Marshal(r)
 	}

@@ -41,6 +41,8 @@ func TestEncodersMatchJSON(t *testing.T) {
 		func(r *Result) { r.At = at.In(time.FixedZone("LMT", 5*3600+7)) },
 		func(r *Result) { r.Duplicate, r.LastFence, r.Fence, r.V = true, -1, -9, 0 },
 		func(r *Result) { r.Device = "" },
+		func(r *Result) { r.Code, r.Output, r.PayloadSHA256 = CodeUnauthorized, nil, PayloadDigest([]byte("x")) },
+		func(r *Result) { r.PayloadSHA256 = "<not hex>" },
 	} {
 		r := base
 		mod(&r)

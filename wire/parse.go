@@ -130,6 +130,9 @@ func parseCommand(payload []byte, fast bool) (Command, error) {
 		if len(t) == 0 || t[0] != '{' {
 			return fail("params must be a JSON object")
 		}
+		if err := CheckParamKeys(v); err != nil {
+			return fail("%v", err)
+		}
 		c.Params = append(json.RawMessage(nil), v...)
 	}
 	for _, k := range []struct {

@@ -29,6 +29,11 @@ func TestParseCommand(t *testing.T) {
 		{name: "trailing data", in: `{"op_id":"a","fence":1,"action":"set"} {}`, reason: "data after"},
 		{name: "duplicate keys", in: `{"op_id":"a","fence":1,"fence":2,"action":"set"}`, reason: `duplicate key "fence"`, opID: "a", fence: 2}, // echo: the last duplicate, as encoding/json reads it
 		{name: "nested duplicate keys", in: `{"op_id":"a","fence":1,"action":"set","params":{"x":1,"x":2}}`, reason: `duplicate key "x"`, opID: "a", fence: 1},
+		{name: "params keys equal under case folding", in: `{"op_id":"a","fence":1,"action":"set","params":{"rpm":100,"RPM":5000}}`, reason: `params keys "rpm" and "RPM" are equal under case folding`, opID: "a", fence: 1},
+		{name: "nested params keys equal under case folding", in: `{"op_id":"a","fence":1,"action":"set","params":{"x":[{"mode":1,"MoDe":2}]}}`, reason: `"mode" and "MoDe"`, opID: "a", fence: 1},
+		{name: "params keys folding beyond ASCII", in: `{"op_id":"a","fence":1,"action":"set","params":{"k":1,"\u212a":2}}`, reason: "case folding", opID: "a", fence: 1},
+		{name: "params keys folding through an escape", in: `{"op_id":"a","fence":1,"action":"set","params":{"rpm":1,"\u0052PM":2}}`, reason: "case folding", opID: "a", fence: 1},
+		{name: "equal keys in different objects are fine", in: `{"op_id":"a","fence":1,"action":"set","params":{"rpm":1,"sub":{"RPM":2}}}`},
 		{name: "fence 0", in: `{"op_id":"a","fence":0,"action":"set"}`, reason: "fence must be an integer from 1", opID: "a"},
 		{name: "fence negative", in: `{"op_id":"a","fence":-5,"action":"set"}`, reason: "fence must be", opID: "a"},
 		{name: "fence 2^63", in: `{"op_id":"a","fence":9223372036854775808,"action":"set"}`, reason: "fence must be", opID: "a"},

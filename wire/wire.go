@@ -5,6 +5,8 @@
 package wire
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"time"
 )
@@ -71,16 +73,16 @@ func StatusOf(c Code) Status {
 }
 
 // Recorded reports whether an outcome with code c leaves an op record
-// (docs/protocol.md §1, "What is recorded"): every final outcome and unknown,
-// except the ones answered on arrival (unauthorized, invalid,
-// unknown_device, op_conflict, busy) and the ones that end a command
-// without a device write after it entered the inbox (policy_error,
-// device_unreachable). A command that leaves no record is handled afresh
-// when it is sent again.
+// (docs/protocol.md §1, "What is recorded"): every final outcome and
+// unknown, except the ones answered on arrival (unauthorized, invalid,
+// unknown_device, op_conflict, busy). A command that leaves no record is
+// handled afresh when it is sent again. policy_error and
+// device_unreachable are recorded (final means final, invariant 8): a
+// resend, a redelivery or a replay of their command gets the recorded
+// outcome, never a run after a final Result.
 func Recorded(c Code) bool {
 	switch c {
-	case CodeUnauthorized, CodeInvalid, CodeUnknownDevice, CodeOpConflict, CodeBusy,
-		CodePolicyError, CodeDeviceUnreachable, CodeFenceUnconfirmed:
+	case CodeUnauthorized, CodeInvalid, CodeUnknownDevice, CodeOpConflict, CodeBusy, CodeFenceUnconfirmed:
 		return false
 	}
 	return true
@@ -125,6 +127,20 @@ type Result struct {
 	Duplicate bool            `json:"duplicate"`
 	Output    json.RawMessage `json:"output,omitempty"`
 	At        time.Time       `json:"at"`
+	// PayloadSHA256 binds an unauthorized Result to the message it
+	// refuses (docs/protocol.md §6): the SHA-256, in lowercase hex, of
+	// that message's payload as received (PayloadDigest). Its op_id is
+	// read unverified, so a publisher without a key could otherwise make
+	// the agent answer unauthorized for another command's op_id; a
+	// controller takes an unauthorized Result only when this names the
+	// bytes it published. Empty for every other code.
+	PayloadSHA256 string `json:"payload_sha256,omitempty"`
+}
+
+// PayloadDigest is a message payload's Result.PayloadSHA256.
+func PayloadDigest(payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return hex.EncodeToString(sum[:])
 }
 
 // Final reports whether the Result ends its operation (anything but unknown).

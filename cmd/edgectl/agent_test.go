@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -105,5 +106,83 @@ devices:
 	}
 	if code, _, _ := runCLI("resolve", "--admin", admin, "--device", "valve-1", "--op-id", "v-held"); code != 2 {
 		t.Fatalf("resolve without --applied: exit %d, want 2", code)
+	}
+}
+
+// startAgent runs an agent in-process on an embedded broker with the
+// devices YAML given, and returns its admin and broker URLs.
+func startAgent(t *testing.T, gateway, devices string) (admin, broker string) {
+	t.Helper()
+	brokerAddr := testkit.FreeAddr(t)
+	cfg, err := config.Parse([]byte(fmt.Sprintf("gateway_id: %s\ndata_dir: %s\nmqtt: {broker: embedded, embedded_listen: %q}\nadmin: {listen: \"127.0.0.1:0\"}\ndevices:\n%s",
+		gateway, filepath.Join(t.TempDir(), "data"), brokerAddr, devices)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := app.New(cfg, app.Options{Logger: slog.New(slog.DiscardHandler), Version: "test"})
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.Stop(ctx)
+	})
+	testkit.Eventually(t, 10*time.Second, "agent subscribed", func() bool { return a.Ready() == nil })
+	return "http://" + a.AdminAddr(), "tcp://" + brokerAddr
+}
+
+// "Gave up" means it will not run later (docs/protocol.md §1, final means
+// final): a send that times out while its command is queued behind a held
+// write says the outcome is unknown, and the command, reached after its
+// expires_at (now + --timeout), ends expired without moving the valve. A
+// send that gives up on busy says outcome unknown too, not a rejection.
+func TestGaveUpMeansItWillNotRunLater(t *testing.T) {
+	s := sim.StartForTest(t, map[string]string{"valve-1": "valve"})
+	admin, broker := startAgent(t, "gw-g", fmt.Sprintf("  - id: valve-1\n    type: valve\n    queue: 1\n    driver: {url: %q, timeout: 1s, queryable: false}\n", s.URL()))
+	send := func(op, open, timeout string) (int, string) {
+		code, out, stderr := runCLI("send", "--broker", broker, "--gateway", "gw-g", "--device", "valve-1",
+			"--action", "set", "--param", "open="+open, "--fence", "7", "--op-id", op, "--timeout", timeout)
+		return code, out + stderr
+	}
+	if code, out := send("v-ok", "40", "10s"); code != 0 {
+		t.Fatalf("send: exit %d %s", code, out)
+	}
+	if err := s.SetFaults(sim.Faults{Device: "valve-1", DropResponseRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := send("v-held", "90", "2s"); code != 1 || !strings.Contains(out, "interim: unknown/outcome_unknown") {
+		t.Fatalf("send of the write to hold: exit %d\n%s", code, out)
+	}
+	if err := s.SetFaults(sim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	// Queued behind the held write (queue: 1), until the deadline.
+	if code, out := send("v-late", "10", "3s"); code != 1 || !strings.Contains(out, "outcome unknown") {
+		t.Fatalf("send behind the held write: exit %d\n%s", code, out)
+	}
+	// The queue is full: busy until the deadline, which is no rejection.
+	if code, out := send("v-busy", "20", "2s"); code != 1 || !strings.Contains(out, "outcome unknown") || !strings.Contains(out, "busy") {
+		t.Fatalf("send to a full queue: exit %d\n%s", code, out)
+	}
+	if code, res, stderr := runCLI("resolve", "--admin", admin, "--device", "valve-1", "--op-id", "v-held", "--applied=false"); code != 0 {
+		t.Fatalf("resolve: exit %d %s %s", code, res, stderr)
+	}
+	var late wire.Result
+	testkit.Eventually(t, 20*time.Second, "v-late ends", func() bool {
+		resp, err := http.Get(admin + "/v1/devices/valve-1/ops/v-late")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&late) == nil && late.Final()
+	})
+	if late.Code != wire.CodeExpired {
+		t.Fatalf("v-late, reached after its sender gave up: %s/%s (%s), want rejected/expired", late.Status, late.Code, late.Reason)
+	}
+	for _, j := range s.Journal() {
+		if j.OpID == "v-late" || j.OpID == "v-busy" {
+			t.Fatalf("%s moved the valve after its sender gave up: %+v", j.OpID, j)
+		}
 	}
 }

@@ -42,6 +42,7 @@ func TestUsageErrors(t *testing.T) {
 		{"lock without etcd", append(base, "--lock", "l"), "go together"},
 		{"bad fence", append(base, "--fence", "-4"), "--fence must be"},
 		{"bad param", append(base, "--fence", "3", "--param", "rpm"), "KEY=VALUE"},
+		{"params equal under case folding", append(base, "--fence", "3", "--param", "rpm=1", "--param", "RPM=2"), "equal under case folding"},
 		{"bad device", []string{"send", "--broker", "b", "--gateway", "g", "--device", "a/b", "--action", "set", "--fence", "1"}, "not a valid device"},
 		{"bad op id", append(base, "--fence", "3", "--op-id", "has space"), "not a valid op_id"},
 		{"missing broker", []string{"send", "--gateway", "g", "--device", "d", "--action", "set", "--fence", "1"}, "--broker is required"},

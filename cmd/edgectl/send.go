@@ -48,7 +48,10 @@ key's create revision as the fence, sends, and releases the lock. With
 --fence, --lock NAME alone (no --etcd) only puts the lock's name in the
 command, for devices bound to a lock.
 --param KEY=VALUE reads VALUE as JSON when it parses (rpm=1200, on=true),
-else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
+else as a string. --timeout D bounds the whole send and is also the
+command's expires_at (now + D): when edgectl gives up and says the outcome
+is unknown, the agent will not start the command after that moment.
+Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSend(cmd.Context(), f, cmd.OutOrStdout()) },
 	}
@@ -62,7 +65,7 @@ else as a string. Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 	fl.StringVar(&f.lock, "lock", "", "etcd lock to take first; its key's revision is the fence")
 	fl.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (with --lock)")
 	fl.StringVar(&f.opID, "op-id", "", "op_id (default: a fresh random one); reuse it to resend the same operation")
-	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "overall deadline (lock, send and Result)")
+	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "overall deadline (lock, send and Result); also the command's expires_at, so a send that gave up is never started later")
 	fl.StringVar(&f.prefix, "prefix", wire.DefaultPrefix, "MQTT topic prefix")
 	fl.DurationVar(&f.ttl, "lock-ttl", 10*time.Second, "lease TTL of the lock (with --lock)")
 	fl.StringVar(&f.signKey, "sign-key", "", "sign the command with this Ed25519 private key (PKCS#8 PEM, edgectl keygen), with --key-id")
@@ -95,6 +98,9 @@ func parseParams(kvs []string) (json.RawMessage, error) {
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
+		return nil, usagef("--param: %v", err)
+	}
+	if err := wire.CheckParamKeys(b); err != nil {
 		return nil, usagef("--param: %v", err)
 	}
 	return b, nil
@@ -168,7 +174,6 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 			return usagef("--key-id %q: want [A-Za-z0-9._:-]{1,64}", f.keyID)
 		}
 		so.KeyID = f.keyID
-		so.ExpiresIn = min(f.timeout+5*time.Second, 10*time.Minute)
 	}
 	if ctx == nil {
 		ctx = context.Background()
@@ -208,6 +213,14 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 		}()
 		owner = holder
 	}
+	// expires_at is the deadline itself: once edgectl gives up ("outcome
+	// unknown"), the agent will not start the command any more. A signed
+	// one stays within the agent's default security.max_ttl (15m).
+	deadline, _ := ctx.Deadline()
+	so.ExpiresIn = max(time.Until(deadline), time.Millisecond)
+	if so.SignKey != nil {
+		so.ExpiresIn = min(so.ExpiresIn, 10*time.Minute)
+	}
 	s := controller.NewSender(conn, owner, so)
 	var opts []controller.CallOption
 	if f.opID != "" {
@@ -221,7 +234,9 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 		defer scancel()
 	}
 	r, err := s.Send(sctx, f.device, f.action, params, opts...)
-	if r.OpID != "" {
+	// Only a final Result is printed as the outcome: a busy one (or an
+	// unknown one, printed as interim) left when Send gave up is none.
+	if r.OpID != "" && r.Final() && r.Code != wire.CodeBusy && r.Code != wire.CodeFenceUnconfirmed {
 		var b []byte
 		if f.asJSON {
 			b, _ = json.Marshal(r)

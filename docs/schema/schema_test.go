@@ -109,6 +109,9 @@ func TestResultSchemaAgreesWithWire(t *testing.T) {
 	result := func(code wire.Code, status wire.Status, dup bool) []byte {
 		r := wire.Result{V: 1, OpID: "op-1", Device: "pump-7", Fence: 3, Status: status, Code: code,
 			Reason: "x", LastFence: 3, Duplicate: dup}
+		if code == wire.CodeUnauthorized {
+			r.PayloadSHA256 = wire.PayloadDigest([]byte("the refused message"))
+		}
 		b, err := wire.MarshalResult(r)
 		if err != nil {
 			t.Fatal(err)
@@ -181,6 +184,15 @@ func TestBrokenMessagesDoNotValidate(t *testing.T) {
 		{"Result output on a rejection", "result", mutate(okResult, func(m map[string]any) { m["status"], m["code"] = "rejected", "stale_fence" })},
 		{"Result output not an object", "result", mutate(okResult, set("output", 5))},
 		{"Result device not an ID", "result", mutate(okResult, set("device", "pump 7"))},
+		{"Result unauthorized without payload_sha256", "result", mutate(okResult, func(m map[string]any) {
+			m["status"], m["code"] = "rejected", "unauthorized"
+			delete(m, "output")
+		})},
+		{"Result payload_sha256 on another code", "result", mutate(okResult, set("payload_sha256", wire.PayloadDigest(nil)))},
+		{"Result payload_sha256 not a digest", "result", mutate(okResult, func(m map[string]any) {
+			m["status"], m["code"], m["payload_sha256"] = "rejected", "unauthorized", "ABC"
+			delete(m, "output")
+		})},
 		{"Result busy replayed", "result", mutate(okResult, func(m map[string]any) {
 			m["status"], m["code"], m["duplicate"] = "rejected", "busy", true
 			delete(m, "output")

@@ -110,8 +110,12 @@ func (a *Agent) unauthorized(ar *arrival, dev string, msg []byte, e *auth.Error)
 	}
 	opID, fence := echo(msg)
 	a.log.Warn("unauthorized command refused", "device", clip.String(dev, 80), "op_id", opID, "fence", fence, "key", e.KeyID, "reason", e.Reason)
+	// The op_id is read unverified: the Result names the refused bytes,
+	// so it cannot stand for another command's outcome (a controller
+	// takes it only for the payload it published itself).
 	a.answerOnArrival(ar, "", wire.Result{V: wire.Version, OpID: opID, Device: dev, Fence: fence,
-		Status: wire.StatusRejected, Code: wire.CodeUnauthorized, Reason: e.Reason, LastFence: lf, At: a.now().UTC()})
+		Status: wire.StatusRejected, Code: wire.CodeUnauthorized, Reason: e.Reason, LastFence: lf, At: a.now().UTC(),
+		PayloadSHA256: wire.PayloadDigest(msg)})
 }
 
 // echo reads what an unauthorized command's Result can echo (op_id and

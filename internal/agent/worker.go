@@ -615,8 +615,12 @@ func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, move
 // the device's state (state as the device reported it; without it, the
 // parameters sent merged into the last known state: policies must not see
 // the state from before a write that happened); o becomes final with
-// dec's code, or, for an outcome that is not recorded, its record goes
-// (last_fence, if raised, stays raised); the Result enters the outbox and
+// dec's code (every outcome a worker decides, device_unreachable and
+// policy_error included: invariant 8, a resend, redelivery or replay
+// meets the record and never runs after a final Result), or, for an
+// outcome that is not recorded (an orphan of a device no longer
+// configured, at start-up), its record goes (last_fence, if raised, stays
+// raised); the Result enters the outbox and
 // the inbox entry goes (recordOutcome). moved reports whether the device's
 // record changed in a way its DeviceState shows.
 //
