@@ -20,10 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 const e2eGateway = "gw-ctl"

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // Acquire.

@@ -9,8 +9,8 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
-	"github.com/edge-agent/edge-agent/wire"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

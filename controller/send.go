@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 // Owner is the ownership a Sender sends under. *Holder implements it; so

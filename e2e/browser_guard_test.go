@@ -12,8 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // heldWrite makes valve-1 (queryable: false) hold its write v-1 unknown

@@ -11,8 +11,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // seriesRe finds the agent's series names in a PromQL expression (and

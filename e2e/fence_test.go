@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/internal/testkit"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 func want(t testing.TB, r wire.Result, status wire.Status, code wire.Code) {

@@ -17,9 +17,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // Fence memory beyond one disk (docs/protocol.md §7, invariant 7), with a

@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/controller"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // restartSim starts the simulator again on the address of the closed one.

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // The agent's rtuovertcp:// path end to end: the pump of

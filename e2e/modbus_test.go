@@ -9,10 +9,10 @@ import (
 
 	"github.com/simonvetter/modbus"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/internal/testkit"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // modbusPump is a pump behind the simulator's Modbus TCP listener, read

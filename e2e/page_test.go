@@ -13,8 +13,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // chromium returns the path of an installed Chromium, or skips the test

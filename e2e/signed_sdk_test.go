@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/controller"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // The controller SDK's side of §6: a Sender with a key signs what the

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // A cold start: with an empty compilation cache the Go plugins

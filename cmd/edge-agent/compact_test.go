@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // compactFixture writes a store of 20,000 final op records over 4 devices

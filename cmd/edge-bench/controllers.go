@@ -8,8 +8,8 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // controllers is the load generator's MQTT client: the commands it sends

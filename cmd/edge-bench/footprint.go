@@ -18,8 +18,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/rig"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // The footprint mode (-footprint) measures what the agent costs a gateway's

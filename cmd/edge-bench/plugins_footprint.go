@@ -35,8 +35,8 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/rig"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 var (

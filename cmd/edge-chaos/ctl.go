@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edge-agent/edge-agent/controller"
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/chaos"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // A controller process (edge-chaos controller ...) is an honest controller

@@ -8,8 +8,8 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/chaos"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // observer records every Result the agent publishes, to any controller's

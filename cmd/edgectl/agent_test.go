@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/testkit"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // edgectl against a real agent (in-process, embedded broker, firmware-sim):

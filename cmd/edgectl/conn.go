@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/edge-agent/edge-agent/controller"
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 // mqttFlags are the flags every command that talks MQTT takes

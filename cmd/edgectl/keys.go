@@ -15,8 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 func keygenCmd() *cobra.Command {

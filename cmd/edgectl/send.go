@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edge-agent/edge-agent/controller"
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 type sendFlags struct {

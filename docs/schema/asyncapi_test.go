@@ -14,7 +14,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"gopkg.in/yaml.v3"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 const asyncAPIFile = "../asyncapi.yaml"

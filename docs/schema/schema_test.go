@@ -17,7 +17,7 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // The schema files, by the name the tests use.

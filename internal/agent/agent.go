@@ -20,12 +20,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // Publisher is the seam over the MQTT session: PublishAsync hands a QoS 1

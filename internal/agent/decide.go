@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // This file is docs/protocol.md §1's order of checks and result-code table in

@@ -3,8 +3,8 @@ package agent
 import (
 	"sync"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/auth"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // Verification lanes (docs/operations.md, "A flood of forged commands").

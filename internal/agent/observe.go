@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/clip"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // outcome is one Result handed out (recorded, unknown, answered on arrival

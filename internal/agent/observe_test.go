@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // A subscriber that stops reading is dropped once EventBuffer events are

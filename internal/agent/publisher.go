@@ -7,10 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 // pubItem is one message to publish: a Result from the outbox (seq > 0:

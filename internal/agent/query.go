@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // The operator's queries (docs/protocol.md §3), served over HTTP by

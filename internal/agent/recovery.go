@@ -6,9 +6,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // recover loads what the store holds at start-up (docs/design.md, Recovery):

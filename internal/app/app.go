@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/agent"
 	"github.com/edge-agent/edge-agent/internal/config"
@@ -30,7 +31,6 @@ import (
 	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // ErrConfig wraps errors the CLI reports with exit status 2.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 // What a signed command costs the agent's intake over a plain one

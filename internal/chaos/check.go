@@ -10,8 +10,8 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // opHist is everything recorded about one operation (one op_id).

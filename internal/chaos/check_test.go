@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // hist builds small histories for the checker's tables: times are

@@ -14,8 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // The history of a run is a directory of JSON-lines files:

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire/jws"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 )
 
 // This file holds the keys added on 2026-12-01 (docs/protocol.md §3, §5 and

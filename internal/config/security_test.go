@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/internal/config"
 	_ "github.com/edge-agent/edge-agent/internal/device" // registers kind: http
 	_ "github.com/edge-agent/edge-agent/internal/mqtt"   // registers the broker's file format
-	"github.com/edge-agent/edge-agent/wire/jws"
 )
 
 const secDev = "devices:\n  - {id: pump-7, type: pump, driver: {url: \"http://x\"}}\n"

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/config"
-	"github.com/edge-agent/edge-agent/wire"
 )
 
 // ModbusConfig is the `driver:` block of a device with kind: modbus

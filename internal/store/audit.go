@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // ActionFenceReset is the action of the audit record ResetFence writes.

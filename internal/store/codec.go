@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // Records are stored in a compact binary form: a version byte, then the

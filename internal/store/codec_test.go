@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 func TestOpRecordRoundTrip(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/edge-agent/edge-agent/wire"
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // openTest opens a real bbolt file in a temp dir and checks its integrity

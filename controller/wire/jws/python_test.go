@@ -18,7 +18,7 @@ import (
 // where an interpreter has joserfc (skipped, said so, elsewhere); the
 // cryptography one needs python3-cryptography, which .ci/run installs.
 func TestPythonSignersMatch(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/controller.md")
+	doc, err := os.ReadFile("../../../docs/controller.md")
 	if err != nil {
 		t.Fatal(err)
 	}
