@@ -24,7 +24,7 @@ func CheckParamKeys(b []byte) error {
 }
 
 func twins(s *jsonscan.Scanner, depth int) error {
-	if s.I >= len(s.B) || depth > maxDepth {
+	if s.I >= len(s.B) || depth > MaxDepth {
 		return errors.New("params is not valid JSON")
 	}
 	switch s.B[s.I] {
@@ -86,7 +86,7 @@ func twins(s *jsonscan.Scanner, depth int) error {
 			}
 		}
 	}
-	if !s.Value(depth, maxDepth) {
+	if !s.Value(depth, MaxDepth) {
 		return errors.New("params is not valid JSON")
 	}
 	return nil

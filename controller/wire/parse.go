@@ -2,21 +2,19 @@ package wire
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 )
 
-// maxDepth bounds JSON nesting, so a hostile payload cannot exhaust the stack.
-const maxDepth = 64
+// MaxDepth bounds a command's JSON nesting, so a hostile payload cannot
+// exhaust the stack.
+const MaxDepth = 64
 
 // ParseError is returned by ParseCommand for an invalid command. It carries
 // whatever could be read of the command, so that the `invalid` Result can
@@ -33,31 +31,39 @@ func (e *ParseError) Error() string { return "wire: invalid command: " + e.Reaso
 // ParseCommand decodes and validates one Command payload (docs/protocol.md §1).
 // Every failure is a *ParseError.
 func ParseCommand(payload []byte) (Command, error) {
-	return parseCommand(payload, true)
-}
-
-// parseCommand is ParseCommand; fast false takes the reference path only
-// (for the tests that compare the two).
-func parseCommand(payload []byte, fast bool) (Command, error) {
-	var c Command
 	if len(payload) > MaxCommandSize {
-		return c, &ParseError{Reason: fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(payload), MaxCommandSize)}
+		return Command{}, &ParseError{Reason: fmt.Sprintf("payload of %d bytes exceeds the %d-byte limit", len(payload), MaxCommandSize)}
 	}
 	if !utf8.Valid(payload) {
-		return c, &ParseError{Reason: "payload is not valid UTF-8"}
+		return Command{}, &ParseError{Reason: "payload is not valid UTF-8"}
 	}
 	var raw map[string]json.RawMessage
-	var rawErr error
-	checked := false
-	if ms, ok := fastObject(payload); fast && ok {
-		// Valid, no duplicate keys, not too deep: checkJSON would pass.
-		raw, checked = make(map[string]json.RawMessage, len(ms)), true
-		for _, m := range ms {
-			raw[m.key] = m.val
+	rawErr := json.Unmarshal(payload, &raw)
+	return fromMembers(raw, func() error {
+		if err := checkJSON(payload); err != nil {
+			return err
 		}
-	} else {
-		rawErr = json.Unmarshal(payload, &raw)
-	}
+		if rawErr != nil {
+			return errors.New("payload is not a JSON object")
+		}
+		return nil
+	})
+}
+
+// CommandFromMembers is ParseCommand for a payload that the caller's own
+// parser has already checked (at most MaxCommandSize bytes, valid UTF-8,
+// exactly one JSON object, no duplicate key at any depth, nesting at most
+// MaxDepth) and split into its members: it validates them as ParseCommand
+// does, with the same Command or the same *ParseError. The agent's
+// allocation-free parser uses it.
+func CommandFromMembers(members map[string]json.RawMessage) (Command, error) {
+	return fromMembers(members, nil)
+}
+
+// fromMembers validates a command's members; check, when not nil, is
+// the document check ParseCommand runs once what can be echoed was read.
+func fromMembers(raw map[string]json.RawMessage, check func() error) (Command, error) {
+	var c Command
 	pe := &ParseError{}
 	// Read what can be echoed first, so every later error carries it.
 	if v, ok := raw["op_id"]; ok {
@@ -81,12 +87,9 @@ func parseCommand(payload []byte, fast bool) (Command, error) {
 		pe.Reason = fmt.Sprintf(format, a...)
 		return Command{}, pe
 	}
-	if !checked {
-		if err := checkJSON(payload); err != nil {
+	if check != nil {
+		if err := check(); err != nil {
 			return fail("%v", err)
-		}
-		if rawErr != nil {
-			return fail("payload is not a JSON object")
 		}
 	}
 
@@ -185,6 +188,14 @@ func unquote(v []byte, dst *string) error {
 	return json.Unmarshal(v, dst)
 }
 
+// fastString decodes a JSON string token without escapes.
+func fastString(v []byte) (string, bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' || bytes.IndexByte(v, '\\') >= 0 {
+		return "", false
+	}
+	return string(v[1 : len(v)-1]), true
+}
+
 func parseFence(v json.RawMessage) (int64, error) {
 	s := string(v)
 	if s == "" || strings.ContainsAny(s, ".eE\"") || (s[0] != '-' && (s[0] < '0' || s[0] > '9')) {
@@ -205,7 +216,7 @@ func clip(b []byte) string {
 }
 
 // checkJSON verifies that b is exactly one JSON value with no duplicate
-// object keys at any depth and nesting of at most maxDepth.
+// object keys at any depth and nesting of at most MaxDepth.
 func checkJSON(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
@@ -219,8 +230,8 @@ func checkJSON(b []byte) error {
 }
 
 func walk(dec *json.Decoder, depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("JSON nesting deeper than %d", maxDepth)
+	if depth > MaxDepth {
+		return fmt.Errorf("JSON nesting deeper than %d", MaxDepth)
 	}
 	tok, err := dec.Token()
 	if err != nil {
@@ -258,132 +269,4 @@ func walk(dec *json.Decoder, depth int) error {
 		return fmt.Errorf("payload is not valid JSON: %v", err)
 	}
 	return nil
-}
-
-// Canonical returns a canonical encoding of the JSON value b: object keys
-// sorted, insignificant space removed and numbers written in one exact form,
-// so two values compare equal as JSON values exactly when their canonical
-// forms are equal. An empty b is the empty object.
-func Canonical(b []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(b)) == 0 || string(bytes.TrimSpace(b)) == "null" {
-		return []byte("{}"), nil
-	}
-	if out, ok := fastCanonical(nil, b); ok {
-		return out, nil
-	}
-	return canonicalRef(b)
-}
-
-// canonicalRef is Canonical without the fast path.
-func canonicalRef(b []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(b)) == 0 || string(bytes.TrimSpace(b)) == "null" {
-		return []byte("{}"), nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("wire: canonical: %w", err)
-	}
-	var buf bytes.Buffer
-	writeCanonical(&buf, v)
-	return buf.Bytes(), nil
-}
-
-func writeCanonical(buf *bytes.Buffer, v any) {
-	switch x := v.(type) {
-	case map[string]any:
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		buf.WriteByte('{')
-		for i, k := range keys {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			kb, _ := json.Marshal(k)
-			buf.Write(kb)
-			buf.WriteByte(':')
-			writeCanonical(buf, x[k])
-		}
-		buf.WriteByte('}')
-	case []any:
-		buf.WriteByte('[')
-		for i, e := range x {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			writeCanonical(buf, e)
-		}
-		buf.WriteByte(']')
-	case json.Number:
-		buf.WriteString(canonicalNumber(string(x)))
-	default:
-		b, _ := json.Marshal(x)
-		buf.Write(b)
-	}
-}
-
-// canonicalNumber writes a JSON number so that every literal of one value
-// gives one string (1, 1.0, 1e0 and 10e-1 alike): the literal is first
-// reduced to digits D without trailing zeros and an exponent E (value =
-// D x 10^E, a form that depends on the value only), then written as an
-// exact fraction when |E| <= 400, and as "DeE" beyond, where expanding it
-// would cost unbounded work on hostile input. s is a valid JSON number.
-func canonicalNumber(s string) string {
-	sign := ""
-	if strings.HasPrefix(s, "-") {
-		sign, s = "-", s[1:]
-	}
-	mant, exp, _ := strings.Cut(strings.ToLower(s), "e")
-	whole, frac, _ := strings.Cut(mant, ".")
-	digits := strings.TrimLeft(whole+frac, "0")
-	trimmed := strings.TrimRight(digits, "0")
-	if trimmed == "" {
-		return "0"
-	}
-	e := new(big.Int)
-	if exp != "" {
-		if _, ok := e.SetString(strings.TrimPrefix(exp, "+"), 10); !ok {
-			return sign + s // not a JSON number; cannot happen after the parser
-		}
-	}
-	e.Add(e, big.NewInt(int64(len(digits)-len(trimmed)-len(frac))))
-	if !e.IsInt64() || e.Int64() > 400 || e.Int64() < -400 {
-		return sign + trimmed + "e" + e.String()
-	}
-	r, _ := new(big.Rat).SetString(trimmed)
-	p := new(big.Int).Exp(big.NewInt(10), big.NewInt(abs(e.Int64())), nil)
-	if e.Sign() >= 0 {
-		r.Mul(r, new(big.Rat).SetInt(p))
-	} else {
-		r.Quo(r, new(big.Rat).SetInt(p))
-	}
-	if r.IsInt() {
-		return sign + r.Num().String()
-	}
-	return sign + r.String()
-}
-
-func abs(v int64) int64 {
-	if v < 0 {
-		return -v
-	}
-	return v
-}
-
-// ContentHash identifies a command's content for op_conflict: action and
-// params compared as JSON values.
-func ContentHash(action string, params []byte) ([]byte, error) {
-	cp, err := Canonical(params)
-	if err != nil {
-		return nil, err
-	}
-	h := sha256.New()
-	h.Write([]byte(action))
-	h.Write([]byte{0})
-	h.Write(cp)
-	return h.Sum(nil), nil
 }

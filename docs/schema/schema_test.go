@@ -18,6 +18,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/internal/wirefast"
 )
 
 // The schema files, by the name the tests use.
@@ -112,7 +113,7 @@ func TestResultSchemaAgreesWithWire(t *testing.T) {
 		if code == wire.CodeUnauthorized {
 			r.PayloadSHA256 = wire.PayloadDigest([]byte("the refused message"))
 		}
-		b, err := wire.MarshalResult(r)
+		b, err := wirefast.MarshalResult(r)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/policy"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/wirefast"
 )
 
 // Publisher is the seam over the MQTT session: PublishAsync hands a QoS 1
@@ -399,10 +400,10 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// resultJSON encodes a Result (wire.MarshalResult: json.Marshal's bytes,
+// resultJSON encodes a Result (wirefast.MarshalResult: json.Marshal's bytes,
 // without reflection; it runs inside the group commit).
 func resultJSON(r wire.Result) []byte {
-	b, err := wire.MarshalResult(r)
+	b, err := wirefast.MarshalResult(r)
 	if err != nil {
 		panic(err) // only a time outside years 0-9999, which the agent never stamps
 	}
@@ -422,7 +423,7 @@ func (a *Agent) publishState(dev string, d store.Device) {
 }
 
 func stateJSON(ds wire.DeviceState) []byte {
-	b, err := wire.MarshalDeviceState(ds)
+	b, err := wirefast.MarshalDeviceState(ds)
 	if err != nil {
 		panic(err) // as resultJSON
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/internal/auth"
 	"github.com/edge-agent/edge-agent/internal/clip"
+	"github.com/edge-agent/edge-agent/internal/wirefast"
 )
 
 // Signed commands on arrival (docs/protocol.md §6). Whether a command is
@@ -57,7 +58,7 @@ func newAuthState(v *auth.Verifier, devices []string, reg prometheus.Registerer)
 func (a *Agent) Verifier() *auth.Verifier { return a.auth.v }
 
 // open reads a delivery's payload as a command: a signed one (a compact
-// JWS) through the verifier, a plain one through wire.ParseCommand. unauth
+// JWS) through the verifier, a plain one through wirefast.ParseCommand. unauth
 // is set when the device requires signatures and the payload is not a
 // valid signed command for it. On a gateway that does not require
 // signatures, a JWS that cannot be accepted is invalid (it is no Command
@@ -84,7 +85,7 @@ func (a *Agent) open(dev string, msg []byte) (cmd wire.Command, unauth *auth.Err
 	} else if v.Required() {
 		return wire.Command{}, &auth.Error{Reason: fmt.Sprintf("gateway %s requires signed commands (security.require_signed): this one is not signed", a.cfg.GatewayID)}, nil
 	}
-	cmd, err := wire.ParseCommand(msg)
+	cmd, err := wirefast.ParseCommand(msg)
 	if err != nil {
 		errors.As(err, &pe)
 	}
@@ -135,7 +136,7 @@ func echo(msg []byte) (string, int64) {
 		}
 		msg = p
 	}
-	cmd, err := wire.ParseCommand(msg)
+	cmd, err := wirefast.ParseCommand(msg)
 	var pe *wire.ParseError
 	if errors.As(err, &pe) {
 		return pe.OpID, pe.Fence

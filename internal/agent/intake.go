@@ -11,6 +11,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/clip"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/store"
+	"github.com/edge-agent/edge-agent/internal/wirefast"
 )
 
 // arrival is one delivery on its way to its acknowledgement. The acker
@@ -104,7 +105,7 @@ func (a *Agent) admit(o opened) *arrival {
 		return ar
 	}
 	ar.topic = a.destination(cmd.ReplyTo, dev)
-	hash, err := wire.ContentHash(cmd.Action, cmd.Params)
+	hash, err := wirefast.ContentHash(cmd.Action, cmd.Params)
 	if err != nil { // cannot happen after ParseCommand; answer rather than guess
 		a.answerOnArrival(ar, cmd.ReplyTo, wire.Result{V: wire.Version, OpID: cmd.OpID, Device: dev, Fence: cmd.Fence,
 			Status: wire.StatusRejected, Code: wire.CodeInvalid, Reason: err.Error(), LastFence: rt.lastFence.Load(), At: a.now().UTC()})

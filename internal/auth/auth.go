@@ -17,6 +17,7 @@ import (
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/internal/clip"
+	"github.com/edge-agent/edge-agent/internal/wirefast"
 )
 
 // Key is one controller key of security.keys.
@@ -158,7 +159,7 @@ func (v *Verifier) Open(msg []byte, dev string, now time.Time) (wire.Command, st
 	if !verified {
 		return wire.Command{}, kid, &Error{Reason: fmt.Sprintf("the signature does not verify with key %q", kid), KeyID: kid}
 	}
-	cmd, perr := wire.ParseCommand(tok.Payload)
+	cmd, perr := wirefast.ParseCommand(tok.Payload)
 	var b binding
 	if perr == nil {
 		b = binding{Gateway: cmd.Gateway, Device: cmd.Device, ExpiresAt: cmd.ExpiresAt}

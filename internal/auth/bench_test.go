@@ -5,13 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/controller/wire/jws"
+	"github.com/edge-agent/edge-agent/internal/wirefast"
 )
 
 // What a signed command costs the agent's intake over a plain one
 // (BENCHMARKS.md, "Signed commands"): Open (JWS parse, key lookup, Ed25519
-// verification, the command parse, the binding) against wire.ParseCommand
+// verification, the command parse, the binding) against wirefast.ParseCommand
 // of the same command unsigned, which the intake does either way.
 // go test ./internal/auth -run XXX -bench Intake
 func BenchmarkIntake(b *testing.B) {
@@ -26,7 +26,7 @@ func BenchmarkIntake(b *testing.B) {
 	b.Run("unsigned", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := wire.ParseCommand(plain); err != nil {
+			if _, err := wirefast.ParseCommand(plain); err != nil {
 				b.Fatal(err)
 			}
 		}

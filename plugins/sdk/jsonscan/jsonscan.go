@@ -1,11 +1,11 @@
 // Package jsonscan is the project's one hand-written JSON scanner, shared
 // by the plugin SDK (plugins/sdk, which runs in wasm guests, where
 // reflection is slow and every allocation costs), the policy host
-// (internal/policy/codec.go), the HTTP device driver and the fast path of
-// the command parser (wire/fastjson.go). It validates strictly (the RFC
-// 8259 grammar; whether strings are valid UTF-8 is the caller's affair, as
-// with encoding/json.Valid), allocates nothing, and leaves decoding to its
-// callers.
+// (internal/policy/codec.go), the HTTP device driver and the agent's fast
+// path of the command parser (internal/wirefast/fastjson.go). It validates
+// strictly (the RFC 8259 grammar; whether strings are valid UTF-8 is the
+// caller's affair, as with encoding/json.Valid), allocates nothing, and
+// leaves decoding to its callers.
 //
 // It lives in the SDK's module, which requires nothing, so that a plugin
 // author's build needs nothing else; the agent's module requires the SDK

@@ -1,4 +1,4 @@
-package wire
+package wirefast
 
 import (
 	"bytes"
@@ -15,7 +15,8 @@ import (
 // of commands per second. The fast path only answers when it is sure: any
 // input it does not fully understand (an invalid document, a key with an
 // escape, a string that encoding/json would re-escape, a number in a form
-// other than a plain integer) is handed to the reference path above, which
+// other than a plain integer) is handed to the reference path (wire.ParseCommand,
+// canonicalRef), which
 // also writes every error message. FuzzFastPathAgrees checks that the two
 // agree.
 
@@ -169,14 +170,6 @@ func (s *scan) object(depth int, keep bool) ([]member, bool) {
 
 func (s *scan) array(depth int) bool {
 	return s.elements(func(int) bool { return s.value(depth + 1) })
-}
-
-// fastString decodes a JSON string token without escapes.
-func fastString(v []byte) (string, bool) {
-	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' || bytes.IndexByte(v, '\\') >= 0 {
-		return "", false
-	}
-	return string(v[1 : len(v)-1]), true
 }
 
 // plainString reports whether json.Marshal would write the string token raw

@@ -1,9 +1,11 @@
-package wire
+package wirefast
 
 import (
 	"encoding/json"
 	"strconv"
 	"time"
+
+	"github.com/edge-agent/edge-agent/controller/wire"
 )
 
 // Results and DeviceStates are encoded once per command, the Result inside
@@ -15,7 +17,7 @@ import (
 // FuzzEncodersMatchJSON compare the two.
 
 // MarshalResult is json.Marshal(r).
-func MarshalResult(r Result) ([]byte, error) {
+func MarshalResult(r wire.Result) ([]byte, error) {
 	b := make([]byte, 0, 272+len(r.Reason)+len(r.Output))
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(r.V), 10)
@@ -57,7 +59,7 @@ func MarshalResult(r Result) ([]byte, error) {
 }
 
 // MarshalDeviceState is json.Marshal(s).
-func MarshalDeviceState(s DeviceState) ([]byte, error) {
+func MarshalDeviceState(s wire.DeviceState) ([]byte, error) {
 	b := make([]byte, 0, 128+len(s.State))
 	b = append(b, `{"device":`...)
 	b, ok := appendPlain(b, s.Device, true)
