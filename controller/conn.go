@@ -275,6 +275,10 @@ func (c *Conn) Foreign() int {
 	return c.foreign
 }
 
+// Connected reports whether the connection to the broker is up now; after
+// a loss it reconnects by itself (ConnOptions.MaxReconnectInterval).
+func (c *Conn) Connected() bool { return c.cli.IsConnectionOpen() }
+
 // Unverified counts the messages dropped because they were not signed by
 // ConnOptions.ResultKey (or not a JWS at all).
 func (c *Conn) Unverified() int {

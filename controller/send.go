@@ -205,11 +205,6 @@ type call struct {
 // whose outcome is unknown). It must never be reused for another operation.
 func WithOpID(id string) CallOption { return func(c *call) { c.opID = id } }
 
-// testHookBeforePublish, when set by a test, runs after the ownership
-// check and before each publish: a place to pause, like a GC pause or a
-// frozen VM between checking and writing.
-var testHookBeforePublish func(wire.Command)
-
 // Send publishes one command to the device with the owner's current fence
 // and awaits its final Result on the reply topic.
 //
@@ -285,9 +280,6 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		// Ownership is checked before every publish, resends included.
 		if err := s.owner.Check(); err != nil {
 			return last, fmt.Errorf("device %s op %s: not sent: %w", device, cmd.OpID, err)
-		}
-		if h := testHookBeforePublish; h != nil {
-			h(cmd)
 		}
 		err := s.conn.publish(ctx, topic, payload)
 		if s.opts.OnPublish != nil {

@@ -1,4 +1,4 @@
-package controller
+package controllertest
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,19 +18,19 @@ import (
 // stateLog records a holder's transitions.
 type stateLog struct {
 	mu sync.Mutex
-	tr []State
+	tr []controller.State
 }
 
-func (l *stateLog) on(_, to State) {
+func (l *stateLog) on(_, to controller.State) {
 	l.mu.Lock()
 	l.tr = append(l.tr, to)
 	l.mu.Unlock()
 }
 
-func (l *stateLog) states() []State {
+func (l *stateLog) states() []controller.State {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]State(nil), l.tr...)
+	return append([]controller.State(nil), l.tr...)
 }
 
 func keysUnder(t *testing.T, cli *clientv3.Client, prefix string) []*struct {
@@ -113,7 +114,7 @@ func startResponder(t *testing.T, broker, gw string, sc script) *responder {
 	t.Helper()
 	rs := &responder{t: t}
 	var wg sync.WaitGroup
-	opts := paho.NewClientOptions().AddBroker(broker).SetClientID("responder-" + NewOpID()[:8]).
+	opts := paho.NewClientOptions().AddBroker(broker).SetClientID("responder-" + controller.NewOpID()[:8]).
 		SetCleanSession(true).SetOrderMatters(false)
 	opts.SetDefaultPublishHandler(func(c paho.Client, m paho.Message) {
 		dev, ok := wire.DeviceFromCmdTopic(wire.DefaultPrefix, gw, m.Topic())

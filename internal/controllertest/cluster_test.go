@@ -1,4 +1,4 @@
-package controller
+package controllertest
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
@@ -50,7 +51,7 @@ func (r *register) all() []regWrite {
 
 // work writes under h every few milliseconds while h passes its check,
 // until h's context ends or stop closes. It returns how many writes it made.
-func work(h *Holder, who string, reg *register, stop <-chan struct{}) int {
+func work(h *controller.Holder, who string, reg *register, stop <-chan struct{}) int {
 	n := 0
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
@@ -76,7 +77,7 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 	cliA := newClient(t, c.Endpoints()...)
 	cliB := newClient(t, c.Endpoints()...)
 	var la stateLog
-	a, err := Acquire(context.Background(), cliA, []string{"locks/leader"}, &LockOptions{TTL: ttl, OnState: la.on, RequestTimeout: 500 * time.Millisecond})
+	a, err := controller.Acquire(context.Background(), cliA, []string{"locks/leader"}, &controller.LockOptions{TTL: ttl, OnState: la.on, RequestTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,10 +101,10 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 	t.Logf("killed leader m%d; new leader elected after %v; A is %s", leader, time.Since(killed), a.State())
 
 	bDone := make(chan error, 1)
-	var b *Holder
+	var b *controller.Holder
 	go func() {
 		var err error
-		b, err = Acquire(ctx, cliB, []string{"locks/leader"}, &LockOptions{TTL: ttl, AcquireTimeout: 8 * time.Second, RequestTimeout: 500 * time.Millisecond})
+		b, err = controller.Acquire(ctx, cliB, []string{"locks/leader"}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 8 * time.Second, RequestTimeout: 500 * time.Millisecond})
 		bDone <- err
 	}()
 	// A works a little longer (if it still can), then releases.
@@ -124,12 +125,12 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 	}
 
 	switch aEnd {
-	case StateActive:
+	case controller.StateActive:
 		if relErr != nil {
 			t.Fatalf("A kept ownership but its release failed: %v", relErr)
 		}
 		t.Logf("A kept ownership through the failover (%d writes), then released", aWrites)
-	case StateLost:
+	case controller.StateLost:
 		if a.Context().Err() == nil {
 			t.Fatal("A is LOST but its context is not cancelled")
 		}
@@ -185,7 +186,7 @@ func TestTwentyContenders(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h := NewHolder(cli, []string{"locks/herd"}, &LockOptions{
+			h := controller.NewHolder(cli, []string{"locks/herd"}, &controller.LockOptions{
 				TTL: 5 * time.Second, AcquireTimeout: bound, AttemptWait: attempt,
 				BackoffBase: 200 * time.Millisecond, BackoffMax: time.Second,
 			})
@@ -219,7 +220,7 @@ func TestTwentyContenders(t *testing.T) {
 		switch {
 		case o.err == nil:
 			ok++
-		case errors.Is(o.err, ErrAcquireTimeout):
+		case errors.Is(o.err, controller.ErrAcquireTimeout):
 			timedOut++
 		default:
 			t.Fatalf("contender %d: %v", i, o.err)

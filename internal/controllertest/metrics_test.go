@@ -1,4 +1,4 @@
-package controller
+package controllertest
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
@@ -19,16 +20,16 @@ import (
 // a stale Result causes, and the stale Result itself.
 func TestControllerMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
+	m := controller.NewMetrics(reg)
 	c := etcdtest.Start(t, 1)
 	cli := newClient(t, c.Endpoints()...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h, err := Acquire(ctx, cli, []string{"locks/m"}, &LockOptions{TTL: 2 * time.Second, RenewInterval: 100 * time.Millisecond, Metrics: m})
+	h, err := controller.Acquire(ctx, cli, []string{"locks/m"}, &controller.LockOptions{TTL: 2 * time.Second, RenewInterval: 100 * time.Millisecond, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.CollectAndCount(m.acquireWait); got != 2 {
+	if got, err := testutil.GatherAndCount(reg, "edge_controller_acquire_wait_seconds"); err != nil || got != 2 {
 		t.Fatalf("%d acquire series, want 2 (acquired, timeout)", got)
 	}
 	testkit.Eventually(t, 10*time.Second, "a renewal observed", func() bool {
@@ -43,22 +44,44 @@ func TestControllerMetrics(t *testing.T) {
 	startResponder(t, broker, "gw-m", func(cmd wire.Command, _ int) []delayed {
 		return []delayed{{0, result(cmd, wire.CodeStaleFence, cmd.Fence+10)}}
 	})
-	s := NewSender(dial(t, broker, "gw-m"), h, &SendOptions{Metrics: m})
+	s := controller.NewSender(dial(t, broker, "gw-m"), h, &controller.SendOptions{Metrics: m})
 	if _, err := s.Send(ctx, "pump-7", "set", nil); err == nil {
 		t.Fatal("a stale_fence send succeeded")
 	}
-	if h.State() != StateLost {
+	if h.State() != controller.StateLost {
 		t.Fatalf("holder %s after a stale Result, want LOST", h.State())
 	}
-	if v := testutil.ToFloat64(m.staleResults); v != 1 {
+	if v := counterValue(t, reg, "edge_controller_stale_results_total", ""); v != 1 {
 		t.Fatalf("stale results %v, want 1", v)
 	}
-	if v := testutil.ToFloat64(m.losses.WithLabelValues("newer_fence")); v != 1 {
+	if v := counterValue(t, reg, "edge_controller_losses_total", "newer_fence"); v != 1 {
 		t.Fatalf("losses{newer_fence} %v, want 1", v)
 	}
 	if n := histCount(t, reg, "edge_controller_hold_seconds"); n != 1 {
 		t.Fatalf("hold observations %d, want 1", n)
 	}
+}
+
+// counterValue is the value of the counter name in reg whose one label
+// has the value label ("" for a counter without labels).
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if l := m.GetLabel(); (label == "" && len(l) == 0) || (len(l) == 1 && l[0].GetValue() == label) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no counter %s{%s} in the registry", name, label)
+	return 0
 }
 
 // histCount is the number of observations of the histogram name in reg.

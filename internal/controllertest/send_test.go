@@ -1,4 +1,4 @@
-package controller
+package controllertest
 
 import (
 	"context"
@@ -9,16 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
-func dial(t *testing.T, broker, gw string) *Conn {
+func dial(t *testing.T, broker, gw string) *controller.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, ConnOptions{Broker: broker, Gateway: gw})
+	c, err := controller.Dial(ctx, controller.ConnOptions{Broker: broker, Gateway: gw})
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -35,7 +36,7 @@ func TestSendResults(t *testing.T) {
 		wantErr   error
 		wantCode  wire.Code
 		wantPubs  int
-		wantStats SendStats
+		wantStats controller.SendStats
 		wantLost  bool
 	}{
 		{
@@ -43,7 +44,7 @@ func TestSendResults(t *testing.T) {
 			script: func(c wire.Command, _ int) []delayed {
 				return []delayed{{0, result(c, wire.CodeOK, fence)}}
 			},
-			wantCode: wire.CodeOK, wantPubs: 1, wantStats: SendStats{Published: 1},
+			wantCode: wire.CodeOK, wantPubs: 1, wantStats: controller.SendStats{Published: 1},
 		},
 		{
 			name: "timeout resends the same op_id",
@@ -53,7 +54,7 @@ func TestSendResults(t *testing.T) {
 				}
 				return []delayed{{0, result(c, wire.CodeOK, fence)}}
 			},
-			wantCode: wire.CodeOK, wantPubs: 2, wantStats: SendStats{Published: 2, Resends: 1},
+			wantCode: wire.CodeOK, wantPubs: 2, wantStats: controller.SendStats{Published: 2, Resends: 1},
 		},
 		{
 			name: "busy is retried",
@@ -63,28 +64,28 @@ func TestSendResults(t *testing.T) {
 				}
 				return []delayed{{0, result(c, wire.CodeOK, fence)}}
 			},
-			wantCode: wire.CodeOK, wantPubs: 3, wantStats: SendStats{Published: 3, Busy: 2},
+			wantCode: wire.CodeOK, wantPubs: 3, wantStats: controller.SendStats{Published: 3, Busy: 2},
 		},
 		{
 			name: "unknown is not final",
 			script: func(c wire.Command, _ int) []delayed {
 				return []delayed{{0, result(c, wire.CodeOutcomeUnknown, fence)}, {300 * time.Millisecond, result(c, wire.CodeOK, fence)}}
 			},
-			wantCode: wire.CodeOK, wantPubs: 1, wantStats: SendStats{Published: 1, Unknown: 1},
+			wantCode: wire.CodeOK, wantPubs: 1, wantStats: controller.SendStats{Published: 1, Unknown: 1},
 		},
 		{
 			name: "policy denied is final",
 			script: func(c wire.Command, _ int) []delayed {
 				return []delayed{{0, result(c, wire.CodePolicyDenied, fence)}}
 			},
-			wantErr: ErrNotApplied, wantCode: wire.CodePolicyDenied, wantPubs: 1, wantStats: SendStats{Published: 1},
+			wantErr: controller.ErrNotApplied, wantCode: wire.CodePolicyDenied, wantPubs: 1, wantStats: controller.SendStats{Published: 1},
 		},
 		{
 			name: "stale fence loses ownership",
 			script: func(c wire.Command, _ int) []delayed {
 				return []delayed{{0, result(c, wire.CodeStaleFence, fence+5)}}
 			},
-			wantErr: ErrLost, wantCode: wire.CodeStaleFence, wantPubs: 1, wantStats: SendStats{Published: 1}, wantLost: true,
+			wantErr: controller.ErrLost, wantCode: wire.CodeStaleFence, wantPubs: 1, wantStats: controller.SendStats{Published: 1}, wantLost: true,
 		},
 		{
 			name: "a newer last_fence on a replay loses ownership",
@@ -93,7 +94,7 @@ func TestSendResults(t *testing.T) {
 				r.Duplicate = true
 				return []delayed{{0, r}}
 			},
-			wantErr: ErrNewerFence, wantCode: wire.CodeOK, wantPubs: 1, wantStats: SendStats{Published: 1}, wantLost: true,
+			wantErr: controller.ErrNewerFence, wantCode: wire.CodeOK, wantPubs: 1, wantStats: controller.SendStats{Published: 1}, wantLost: true,
 		},
 	}
 	for i, tc := range cases {
@@ -101,8 +102,8 @@ func TestSendResults(t *testing.T) {
 			gw := "gw-send-" + string(rune('a'+i))
 			rs := startResponder(t, broker, gw, tc.script)
 			conn := dial(t, broker, gw)
-			owner := &FixedFence{Fence: fence, Lock: "locks/x", Holder: "t"}
-			s := NewSender(conn, owner, &SendOptions{ResultTimeout: 400 * time.Millisecond, BackoffBase: 20 * time.Millisecond})
+			owner := &controller.FixedFence{Fence: fence, Lock: "locks/x", Holder: "t"}
+			s := controller.NewSender(conn, owner, &controller.SendOptions{ResultTimeout: 400 * time.Millisecond, BackoffBase: 20 * time.Millisecond})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			r, err := s.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1200})
@@ -112,7 +113,7 @@ func TestSendResults(t *testing.T) {
 			if tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
 				t.Fatalf("send: got %v, want %v", err, tc.wantErr)
 			}
-			if notApplied := errors.Is(err, ErrNotApplied); notApplied != (err != nil && r.Status != wire.StatusApplied) {
+			if notApplied := errors.Is(err, controller.ErrNotApplied); notApplied != (err != nil && r.Status != wire.StatusApplied) {
 				t.Fatalf("send: %v wraps ErrNotApplied = %v for status %s", err, notApplied, r.Status)
 			}
 			if r.Code != tc.wantCode {
@@ -135,7 +136,7 @@ func TestSendResults(t *testing.T) {
 			}
 			if tc.wantLost {
 				// A LOST owner sends nothing more.
-				if _, err := s.Send(ctx, "pump-7", "stop", nil); !errors.Is(err, ErrLost) {
+				if _, err := s.Send(ctx, "pump-7", "stop", nil); !errors.Is(err, controller.ErrLost) {
 					t.Fatalf("send after LOST: %v, want ErrLost", err)
 				}
 				if n := len(rs.seen()); n != tc.wantPubs {
@@ -150,8 +151,8 @@ func TestSendLostWhileWaitingStopsResends(t *testing.T) {
 	broker := mqtttest.StartMosquitto(t).URL()
 	rs := startResponder(t, broker, "gw-lw", func(wire.Command, int) []delayed { return nil })
 	conn := dial(t, broker, "gw-lw")
-	owner := &FixedFence{Fence: 3}
-	s := NewSender(conn, owner, &SendOptions{ResultTimeout: 200 * time.Millisecond})
+	owner := &controller.FixedFence{Fence: 3}
+	s := controller.NewSender(conn, owner, &controller.SendOptions{ResultTimeout: 200 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -162,7 +163,7 @@ func TestSendLostWhileWaitingStopsResends(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, "two publishes", func() bool { return len(rs.seen()) >= 2 })
 	owner.Lose(errors.New("test"))
 	err := <-done
-	if !errors.Is(err, ErrLost) {
+	if !errors.Is(err, controller.ErrLost) {
 		t.Fatalf("send: %v, want ErrLost", err)
 	}
 	n := len(rs.seen())
@@ -192,14 +193,14 @@ func TestSendSerialisedPerDevice(t *testing.T) {
 		return []delayed{{d, result(c, wire.CodeOK, 9)}}
 	})
 	conn := dial(t, broker, "gw-ser")
-	owner := &FixedFence{Fence: 9}
+	owner := &controller.FixedFence{Fence: 9}
 	// Two Senders of one owner share its per-device order.
-	s, s2 := NewSender(conn, owner, nil), NewSender(dial(t, broker, "gw-ser"), owner, nil)
+	s, s2 := controller.NewSender(conn, owner, nil), controller.NewSender(dial(t, broker, "gw-ser"), owner, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	send := func(s *Sender, dev, action string) {
+	send := func(s *controller.Sender, dev, action string) {
 		defer wg.Done()
 		if _, err := s.Send(ctx, dev, action, nil); err != nil {
 			errs <- err
@@ -261,21 +262,21 @@ func TestBarrier(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	ok := &FixedFence{Fence: fence}
-	if err := NewSender(conn, ok, nil).Barrier(ctx, "pump-7", "valve-1"); err != nil {
+	ok := &controller.FixedFence{Fence: fence}
+	if err := controller.NewSender(conn, ok, nil).Barrier(ctx, "pump-7", "valve-1"); err != nil {
 		t.Fatalf("barrier: %v", err)
 	}
 	if n := len(rs.seen()); n != 2 {
 		t.Fatalf("barrier sent %d commands, want 2", n)
 	}
-	bad := &FixedFence{Fence: fence}
-	err := NewSender(conn, bad, nil).Barrier(ctx, "pump-7", "nodev")
-	if !errors.Is(err, ErrBarrier) || errors.Is(err, ErrLost) {
+	bad := &controller.FixedFence{Fence: fence}
+	err := controller.NewSender(conn, bad, nil).Barrier(ctx, "pump-7", "nodev")
+	if !errors.Is(err, controller.ErrBarrier) || errors.Is(err, controller.ErrLost) {
 		t.Fatalf("barrier with unknown device: %v, want ErrBarrier only", err)
 	}
-	stale := &FixedFence{Fence: fence}
-	err = NewSender(conn, stale, nil).Barrier(ctx, "stale")
-	if !errors.Is(err, ErrBarrier) || !errors.Is(err, ErrLost) || stale.Check() == nil {
+	stale := &controller.FixedFence{Fence: fence}
+	err = controller.NewSender(conn, stale, nil).Barrier(ctx, "stale")
+	if !errors.Is(err, controller.ErrBarrier) || !errors.Is(err, controller.ErrLost) || stale.Check() == nil {
 		t.Fatalf("barrier on stale device: %v, owner %v; want ErrBarrier, ErrLost", err, stale.Check())
 	}
 }
@@ -283,7 +284,7 @@ func TestBarrier(t *testing.T) {
 func TestOpIDsUnique(t *testing.T) {
 	seen := map[string]bool{}
 	for i := 0; i < 10000; i++ {
-		id := NewOpID()
+		id := controller.NewOpID()
 		if !wire.ValidOpID(id) || seen[id] {
 			t.Fatalf("op_id %q invalid or repeated after %d", id, i)
 		}
@@ -294,8 +295,8 @@ func TestOpIDsUnique(t *testing.T) {
 func TestDialUnreachableBroker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := Dial(ctx, ConnOptions{Broker: "tcp://127.0.0.1:1", Gateway: "gw", ConnectTimeout: time.Second})
-	if !errors.Is(err, ErrConnect) {
+	_, err := controller.Dial(ctx, controller.ConnOptions{Broker: "tcp://127.0.0.1:1", Gateway: "gw", ConnectTimeout: time.Second})
+	if !errors.Is(err, controller.ErrConnect) {
 		t.Fatalf("dial: %v, want ErrConnect", err)
 	}
 }
@@ -306,11 +307,11 @@ func TestSendCommandFields(t *testing.T) {
 		return []delayed{{0, result(c, wire.CodeOK, c.Fence)}}
 	})
 	conn := dial(t, broker, "gw-fields")
-	s := NewSender(conn, &FixedFence{Fence: 5, Lock: "locks/l", Holder: "ctl-a"}, &SendOptions{ExpiresIn: time.Minute})
+	s := controller.NewSender(conn, &controller.FixedFence{Fence: 5, Lock: "locks/l", Holder: "ctl-a"}, &controller.SendOptions{ExpiresIn: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	before := time.Now()
-	if _, err := s.Send(ctx, "pump-7", "set", json.RawMessage(`{"rpm": 7}`), WithOpID("my-op.1")); err != nil {
+	if _, err := s.Send(ctx, "pump-7", "set", json.RawMessage(`{"rpm": 7}`), controller.WithOpID("my-op.1")); err != nil {
 		t.Fatal(err)
 	}
 	got := rs.seen()[0].cmd
@@ -323,7 +324,7 @@ func TestSendCommandFields(t *testing.T) {
 		params      any
 	}{{"a/b", "set", nil}, {"pump-7", "Set", nil}, {"pump-7", "set", []int{1}}, {"pump-7", "set", json.RawMessage(`{`)},
 		{"pump-7", "set", json.RawMessage(`{"rpm":1,"RPM":2}`)}} {
-		if _, err := s.Send(ctx, bad.dev, bad.action, bad.params); !errors.Is(err, ErrInvalidCommand) {
+		if _, err := s.Send(ctx, bad.dev, bad.action, bad.params); !errors.Is(err, controller.ErrInvalidCommand) {
 			t.Fatalf("send %+v: %v, want ErrInvalidCommand", bad, err)
 		}
 	}
@@ -346,7 +347,7 @@ func TestSendOnPublish(t *testing.T) {
 	var mu sync.Mutex
 	var got []error
 	var ops []string
-	s := NewSender(conn, &FixedFence{Fence: 7}, &SendOptions{ResultTimeout: 300 * time.Millisecond,
+	s := controller.NewSender(conn, &controller.FixedFence{Fence: 7}, &controller.SendOptions{ResultTimeout: 300 * time.Millisecond,
 		OnPublish: func(c wire.Command, err error) {
 			mu.Lock()
 			got, ops = append(got, err), append(ops, c.OpID)
@@ -354,7 +355,7 @@ func TestSendOnPublish(t *testing.T) {
 		}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := s.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1}, WithOpID("op-onpub")); err != nil {
+	if _, err := s.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1}, controller.WithOpID("op-onpub")); err != nil {
 		t.Fatalf("send: %v", err)
 	}
 	mu.Lock()
@@ -375,11 +376,11 @@ func TestReconnectAfterRepeatedBrokerRestarts(t *testing.T) {
 	conn := dial(t, m.URL(), "gw-reconnect")
 	for i := 0; i < 6; i++ {
 		m.Restart()
-		testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
+		testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.Connected)
 	}
 	m.Restart()
 	start := time.Now()
-	testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.cli.IsConnectionOpen)
+	testkit.Eventually(t, 30*time.Second, "the controller reconnects", conn.Connected)
 	if took := time.Since(start); took > 4*time.Second {
 		t.Fatalf("after the 7th broker restart in a row the controller took %v to reconnect (the cap is 2s)", took)
 	}
@@ -395,22 +396,22 @@ func TestSendGivingUpOnBusyIsOutcomeUnknown(t *testing.T) {
 		return []delayed{{0, result(c, wire.CodeBusy, c.Fence)}}
 	})
 	conn := dial(t, broker, "gw-busy")
-	s := NewSender(conn, &FixedFence{Fence: 3}, &SendOptions{BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	s := controller.NewSender(conn, &controller.FixedFence{Fence: 3}, &controller.SendOptions{BackoffBase: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	before := time.Now()
 	_, err := s.Send(ctx, "pump-7", "set", map[string]int{"rpm": 1})
-	var re *ResultError
-	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotApplied) || errors.As(err, &re) {
-		t.Fatalf("send: %v, want ErrOutcomeUnknown and no final rejection", err)
+	var re *controller.ResultError
+	if !errors.Is(err, controller.ErrOutcomeUnknown) || errors.Is(err, controller.ErrNotApplied) || errors.As(err, &re) {
+		t.Fatalf("send: %v, want controller.ErrOutcomeUnknown and no final rejection", err)
 	}
 	seen := rs.seen()
 	if len(seen) < 2 {
 		t.Fatalf("busy was not retried: %d publishes", len(seen))
 	}
 	exp := seen[0].cmd.ExpiresAt
-	if exp == nil || exp.Before(before.Add(DefaultExpiry-time.Second)) || exp.After(time.Now().Add(DefaultExpiry)) {
-		t.Fatalf("expires_at %v, want now + %v", exp, DefaultExpiry)
+	if exp == nil || exp.Before(before.Add(controller.DefaultExpiry-time.Second)) || exp.After(time.Now().Add(controller.DefaultExpiry)) {
+		t.Fatalf("expires_at %v, want now + %v", exp, controller.DefaultExpiry)
 	}
 	if !strings.Contains(err.Error(), exp.Format(time.RFC3339Nano)) {
 		t.Fatalf("the error %q does not say until when the outcome is unknown", err)

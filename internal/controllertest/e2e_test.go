@@ -1,4 +1,4 @@
-package controller
+package controllertest
 
 // End-to-end tests: the real edge-agent and firmware-sim, built from this
 // repository and run as processes, with a real mosquitto and real etcd.
@@ -16,10 +16,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
@@ -31,7 +33,7 @@ const e2eGateway = "gw-ctl"
 // e2eBinaries builds cmd/edge-agent and firmware-sim once per test binary.
 func e2eBinaries(t *testing.T) (agent, simBin string) {
 	t.Helper()
-	return testkit.Build(t, "../cmd/edge-agent"), testkit.Build(t, "../firmware-sim")
+	return testkit.Build(t, "../../cmd/edge-agent"), testkit.Build(t, "../../firmware-sim")
 }
 
 // startProc runs a process until t.Cleanup (SIGTERM, then SIGKILL after
@@ -153,16 +155,35 @@ func (g *gateway) recorded(t *testing.T, dev, opID string) (wire.Result, bool) {
 	return r, true
 }
 
-func dialGW(t *testing.T, broker string) *Conn {
+func dialGW(t *testing.T, broker string) *controller.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, ConnOptions{Broker: broker, Gateway: e2eGateway})
+	c, err := controller.Dial(ctx, controller.ConnOptions{Broker: broker, Gateway: e2eGateway})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// pausingOwner is a Holder whose ownership check, once armed, stops after
+// it passed: Send checks ownership right before each publish, so this is
+// the place between checking and writing where a GC pause or a frozen VM
+// stops a controller.
+type pausingOwner struct {
+	*controller.Holder
+	pause atomic.Pointer[func()]
+}
+
+func (o *pausingOwner) pauseAfterNextCheck(f func()) { o.pause.Store(&f) }
+
+func (o *pausingOwner) Check() error {
+	err := o.Holder.Check()
+	if f := o.pause.Swap(nil); f != nil && err == nil {
+		(*f)()
+	}
+	return err
 }
 
 // A holder frozen between its ownership check and its write, past its
@@ -180,11 +201,12 @@ func TestE2EPausedHolderIsFenced(t *testing.T) {
 	defer cancel()
 	const ttl = 2 * time.Second
 
-	a, err := Acquire(ctx, cliA, []string{lock}, &LockOptions{TTL: ttl, Name: "A"})
+	a, err := controller.Acquire(ctx, cliA, []string{lock}, &controller.LockOptions{TTL: ttl, Name: "A"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := NewSender(dialGW(t, g.broker), a, &SendOptions{ResultTimeout: 2 * time.Second})
+	pa := &pausingOwner{Holder: a}
+	sa := controller.NewSender(dialGW(t, g.broker), pa, &controller.SendOptions{ResultTimeout: 2 * time.Second})
 	if err := sa.Barrier(ctx, "pump-7"); err != nil {
 		t.Fatalf("A barrier: %v", err)
 	}
@@ -195,29 +217,26 @@ func TestE2EPausedHolderIsFenced(t *testing.T) {
 	// A's next write stops between its check and its publish.
 	const pausedOp = "paused-op-A"
 	paused, resume := make(chan struct{}), make(chan struct{})
-	testHookBeforePublish = func(cmd wire.Command) {
-		if cmd.OpID == pausedOp {
-			close(paused)
-			<-resume
-		}
-	}
-	t.Cleanup(func() { testHookBeforePublish = nil })
+	pa.pauseAfterNextCheck(func() {
+		close(paused)
+		<-resume
+	})
 	aErr := make(chan error, 1)
 	go func() {
-		_, err := sa.Send(ctx, "pump-7", "set", map[string]any{"rpm": 2000}, WithOpID(pausedOp))
+		_, err := sa.Send(ctx, "pump-7", "set", map[string]any{"rpm": 2000}, controller.WithOpID(pausedOp))
 		aErr <- err
 	}()
 	<-paused
 	proxy.Pause() // and its keepalives stop reaching etcd
 
-	b, err := Acquire(ctx, cliB, []string{lock}, &LockOptions{TTL: ttl, AcquireTimeout: 15 * time.Second, Name: "B"})
+	b, err := controller.Acquire(ctx, cliB, []string{lock}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 15 * time.Second, Name: "B"})
 	if err != nil {
 		t.Fatalf("B: %v", err)
 	}
 	if b.Fence() <= a.Fence() {
 		t.Fatalf("B fence %d <= A fence %d", b.Fence(), a.Fence())
 	}
-	sb := NewSender(dialGW(t, g.broker), b, nil)
+	sb := controller.NewSender(dialGW(t, g.broker), b, nil)
 	if err := sb.Barrier(ctx, "pump-7"); err != nil {
 		t.Fatalf("B barrier: %v", err)
 	}
@@ -234,10 +253,10 @@ func TestE2EPausedHolderIsFenced(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("A's send did not return")
 	}
-	if !errors.Is(err2, ErrLost) {
+	if !errors.Is(err2, controller.ErrLost) {
 		t.Fatalf("A's send after the pause: %v, want ErrLost", err2)
 	}
-	if s := a.State(); s != StateLost {
+	if s := a.State(); s != controller.StateLost {
 		t.Fatalf("A is %s, want LOST", s)
 	}
 	var rec wire.Result
@@ -276,11 +295,11 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const ttl = 2 * time.Second
-	a, err := Acquire(ctx, cliA, []string{lock}, &LockOptions{TTL: ttl, RequestTimeout: 500 * time.Millisecond, Name: "A"})
+	a, err := controller.Acquire(ctx, cliA, []string{lock}, &controller.LockOptions{TTL: ttl, RequestTimeout: 500 * time.Millisecond, Name: "A"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := NewSender(dialGW(t, g.broker), a, &SendOptions{ResultTimeout: time.Second})
+	sa := controller.NewSender(dialGW(t, g.broker), a, &controller.SendOptions{ResultTimeout: time.Second})
 	if err := sa.Barrier(ctx, "pump-7"); err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +309,7 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var accepted []applied
-	loop := func(who string, h *Holder, s *Sender, stop <-chan struct{}) {
+	loop := func(who string, h *controller.Holder, s *controller.Sender, stop <-chan struct{}) {
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -328,10 +347,10 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 	t.Logf("killed etcd leader m%d while A holds fence %d", leader, a.Fence())
 
 	bRes := make(chan error, 1)
-	var b *Holder
+	var b *controller.Holder
 	go func() {
 		var err error
-		b, err = Acquire(ctx, cliB, []string{lock}, &LockOptions{TTL: ttl, AcquireTimeout: 20 * time.Second, RequestTimeout: 500 * time.Millisecond, Name: "B"})
+		b, err = controller.Acquire(ctx, cliB, []string{lock}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 20 * time.Second, RequestTimeout: 500 * time.Millisecond, Name: "B"})
 		bRes <- err
 	}()
 	select {
@@ -345,7 +364,7 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 	if err := <-bRes; err != nil {
 		t.Fatalf("B: %v", err)
 	}
-	sb := NewSender(dialGW(t, g.broker), b, nil)
+	sb := controller.NewSender(dialGW(t, g.broker), b, nil)
 	if err := sb.Barrier(ctx, "pump-7"); err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +382,7 @@ func TestE2ELeaderKillNeverTwoAccepted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("A ended %s (%v); fences A=%d B=%d", aEnd, context.Cause(a.Context()), a.Fence(), b.Fence())
-	if aEnd != StateActive && aEnd != StateLost {
+	if aEnd != controller.StateActive && aEnd != controller.StateLost {
 		t.Fatalf("A ended %s", aEnd)
 	}
 	j := g.journal(t)
@@ -429,11 +448,11 @@ func TestE2EStoppedProcessSendsNothing(t *testing.T) {
 	p.send("send op-after-stop")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := Acquire(ctx, c.Client(t), []string{lock}, &LockOptions{TTL: ttl, AcquireTimeout: 15 * time.Second})
+	b, err := controller.Acquire(ctx, c.Client(t), []string{lock}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := NewSender(dialGW(t, g.broker), b, nil)
+	sb := controller.NewSender(dialGW(t, g.broker), b, nil)
 	if err := sb.Barrier(ctx, "pump-7"); err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +463,7 @@ func TestE2EStoppedProcessSendsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := p.waitLine(15*time.Second, "SENT op-after-stop")
-	if !strings.Contains(l, ErrLost.Error()) || !strings.Contains(l, "not sent") {
+	if !strings.Contains(l, controller.ErrLost.Error()) || !strings.Contains(l, "not sent") {
 		t.Fatalf("A after resuming: %q, want not sent, ownership lost", l)
 	}
 	p.waitLine(5*time.Second, "STATE LOST")
@@ -464,7 +483,7 @@ func TestE2EEdgectl(t *testing.T) {
 	const lock = "locks/device/pump-7"
 	g := startGateway(t, lock)
 	c := etcdtest.Start(t, 1)
-	edgectl := testkit.Build(t, "../cmd/edgectl")
+	edgectl := testkit.Build(t, "../../cmd/edgectl")
 	runCtl := func(args ...string) (int, string) {
 		out, err := exec.Command(edgectl, args...).CombinedOutput()
 		code := 0
@@ -508,7 +527,7 @@ func TestE2EExampleController(t *testing.T) {
 	const lock = "locks/device/pump-7"
 	g := startGateway(t, lock)
 	c := etcdtest.Start(t, 1)
-	cmd := exec.Command(testkit.Build(t, "../examples/controller"), "--etcd", c.Endpoints()[0],
+	cmd := exec.Command(testkit.Build(t, "../../examples/controller"), "--etcd", c.Endpoints()[0],
 		"--broker", g.broker, "--gateway", e2eGateway, "--device", "pump-7", "--lock", lock, "--steps", "5")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -1,4 +1,4 @@
-package controller
+package controllertest
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,19 +22,19 @@ func TestTwoContendersOneActive(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	cli := c.Client(t)
 	ctx := context.Background()
-	opts := func(l *stateLog) *LockOptions {
-		return &LockOptions{TTL: 2 * time.Second, AcquireTimeout: 1500 * time.Millisecond, OnState: l.on}
+	opts := func(l *stateLog) *controller.LockOptions {
+		return &controller.LockOptions{TTL: 2 * time.Second, AcquireTimeout: 1500 * time.Millisecond, OnState: l.on}
 	}
 	var la, lb stateLog
-	a := NewHolder(cli, []string{"locks/two"}, opts(&la))
-	b := NewHolder(cli, []string{"locks/two"}, opts(&lb))
+	a := controller.NewHolder(cli, []string{"locks/two"}, opts(&la))
+	b := controller.NewHolder(cli, []string{"locks/two"}, opts(&lb))
 	type res struct {
-		h   *Holder
+		h   *controller.Holder
 		err error
 		dur time.Duration
 	}
 	out := make(chan res, 2)
-	for _, h := range []*Holder{a, b} {
+	for _, h := range []*controller.Holder{a, b} {
 		go func() {
 			start := time.Now()
 			err := h.Acquire(ctx)
@@ -49,20 +50,20 @@ func TestTwoContendersOneActive(t *testing.T) {
 		other = b
 	}
 	// While the winner holds, the other is ACQUIRING, not ACTIVE.
-	if s := other.State(); s != StateAcquiring {
+	if s := other.State(); s != controller.StateAcquiring {
 		t.Fatalf("other holder is %s while the first is ACTIVE", s)
 	}
-	if s := first.h.State(); s != StateActive {
+	if s := first.h.State(); s != controller.StateActive {
 		t.Fatalf("winner is %s", s)
 	}
 	second := <-out
-	if !errors.Is(second.err, ErrAcquireTimeout) {
+	if !errors.Is(second.err, controller.ErrAcquireTimeout) {
 		t.Fatalf("second acquire: got %v, want ErrAcquireTimeout", second.err)
 	}
 	if second.dur < 1400*time.Millisecond || second.dur > 3500*time.Millisecond {
 		t.Fatalf("second acquire ended after %v, want about its 1.5s bound", second.dur)
 	}
-	if s := other.State(); s != StateReleased {
+	if s := other.State(); s != controller.StateReleased {
 		t.Fatalf("loser state %s, want RELEASED", s)
 	}
 	if got := keysUnder(t, cli, "locks/two"); len(got) != 1 || got[0].Rev != first.h.Fence() {
@@ -74,7 +75,7 @@ func TestTwoContendersOneActive(t *testing.T) {
 	if got := keysUnder(t, cli, "locks/two"); len(got) != 0 {
 		t.Fatalf("keys after release: %+v", got)
 	}
-	wantW := []State{StateAcquiring, StateActive, StateReleasing, StateReleased}
+	wantW := []controller.State{controller.StateAcquiring, controller.StateActive, controller.StateReleasing, controller.StateReleased}
 	wl := &la
 	if first.h == b {
 		wl = &lb
@@ -83,7 +84,7 @@ func TestTwoContendersOneActive(t *testing.T) {
 		t.Fatalf("winner transitions %v, want %v", got, wantW)
 	}
 	// A used holder never acquires again.
-	if err := first.h.Acquire(ctx); !errors.Is(err, ErrUsed) {
+	if err := first.h.Acquire(ctx); !errors.Is(err, controller.ErrUsed) {
 		t.Fatalf("re-acquire: %v, want ErrUsed", err)
 	}
 }
@@ -95,11 +96,11 @@ func TestKilledHolderExpires(t *testing.T) {
 	p := startHolderProc(t, c.Endpoints(), "locks/kill", ttl)
 	fa := p.fence()
 
-	b := NewHolder(cli, []string{"locks/kill"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	b := controller.NewHolder(cli, []string{"locks/kill"}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
 	done := make(chan error, 1)
 	go func() { done <- b.Acquire(context.Background()) }()
 	testkit.Eventually(t, 5*time.Second, "B queued behind A", func() bool { return len(keysUnder(t, cli, "locks/kill")) == 2 })
-	if s := b.State(); s != StateAcquiring {
+	if s := b.State(); s != controller.StateAcquiring {
 		t.Fatalf("B is %s while A holds", s)
 	}
 	killed := time.Now()
@@ -132,7 +133,7 @@ func TestStoppedHolderReportsLost(t *testing.T) {
 	fa := p.fence()
 	p.stop()
 	stopped := time.Now()
-	b, err := Acquire(context.Background(), cli, []string{"locks/stop"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	b, err := controller.Acquire(context.Background(), cli, []string{"locks/stop"}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("B acquire while A is stopped: %v", err)
 	}
@@ -153,14 +154,14 @@ func TestStoppedHolderReportsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := p.waitLine(5*time.Second, "CHECK ")
-	if !strings.HasPrefix(line, "CHECK LOST") || !strings.Contains(line, ErrLost.Error()) {
+	if !strings.HasPrefix(line, "CHECK LOST") || !strings.Contains(line, controller.ErrLost.Error()) {
 		t.Fatalf("A after resuming: %q, want LOST", line)
 	}
 	p.waitLine(5*time.Second, "STATE LOST")
 	// And A's late release removes nothing of B's.
 	p.send("release")
 	rl := p.waitLine(5*time.Second, "RELEASE ")
-	if !strings.Contains(rl, ErrNotOwner.Error()) {
+	if !strings.Contains(rl, controller.ErrNotOwner.Error()) {
 		t.Fatalf("A's release: %q", rl)
 	}
 	if b.Check() != nil || len(keysUnder(t, cli, "locks/stop")) != 1 {
@@ -175,22 +176,22 @@ func TestLateReleaseKeepsNewHolder(t *testing.T) {
 	viaProxy := newClient(t, "http://"+proxy.Addr())
 	const ttl = 2 * time.Second
 	var la stateLog
-	a, err := Acquire(context.Background(), viaProxy, []string{"locks/late"}, &LockOptions{TTL: ttl, OnState: la.on, ReleaseTimeout: 500 * time.Millisecond})
+	a, err := controller.Acquire(context.Background(), viaProxy, []string{"locks/late"}, &controller.LockOptions{TTL: ttl, OnState: la.on, ReleaseTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A's keepalives stop reaching etcd.
 	proxy.Pause()
 	paused := time.Now()
-	testkit.Eventually(t, 5*time.Second, "A LOST", func() bool { return a.State() == StateLost })
+	testkit.Eventually(t, 5*time.Second, "A LOST", func() bool { return a.State() == controller.StateLost })
 	lostAfter := time.Since(paused)
-	if a.Context().Err() == nil || !errors.Is(context.Cause(a.Context()), ErrRenewalOverdue) {
+	if a.Context().Err() == nil || !errors.Is(context.Cause(a.Context()), controller.ErrRenewalOverdue) {
 		t.Fatalf("A's context after LOST: %v (cause %v)", a.Context().Err(), context.Cause(a.Context()))
 	}
 	if lostAfter > ttl {
 		t.Fatalf("A noticed the loss %v after the pause, later than the TTL %v", lostAfter, ttl)
 	}
-	b, err := Acquire(context.Background(), direct, []string{"locks/late"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	b, err := controller.Acquire(context.Background(), direct, []string{"locks/late"}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("B: %v", err)
 	}
@@ -200,14 +201,14 @@ func TestLateReleaseKeepsNewHolder(t *testing.T) {
 	t.Logf("A LOST %v after the pause; B ACTIVE %v after it; fences A=%d B=%d", lostAfter, time.Since(paused), a.Fence(), b.Fence())
 	proxy.Resume()
 	err = a.Release(context.Background())
-	if !errors.Is(err, ErrNotOwner) {
+	if !errors.Is(err, controller.ErrNotOwner) {
 		t.Fatalf("late release: %v, want ErrNotOwner", err)
 	}
 	keys := keysUnder(t, direct, "locks/late")
 	if len(keys) != 1 || keys[0].Rev != b.Fence() || b.Check() != nil {
 		t.Fatalf("after the late release: keys %+v, B check %v; want B's key (rev %d)", keys, b.Check(), b.Fence())
 	}
-	if got, want := la.states(), []State{StateAcquiring, StateActive, StateLost}; !slices.Equal(got, want) {
+	if got, want := la.states(), []controller.State{controller.StateAcquiring, controller.StateActive, controller.StateLost}; !slices.Equal(got, want) {
 		t.Fatalf("A transitions %v, want %v", got, want)
 	}
 	if err := b.Release(context.Background()); err != nil {
@@ -249,7 +250,7 @@ func TestLostAcquireResponse(t *testing.T) {
 	kv := &lossyKV{KV: lossy.KV}
 	kv.drop.Store(1)
 	lossy.KV = kv
-	a, err := Acquire(context.Background(), lossy, []string{"locks/lostresp"}, &LockOptions{TTL: 5 * time.Second, AcquireTimeout: 5 * time.Second, BackoffBase: 20 * time.Millisecond})
+	a, err := controller.Acquire(context.Background(), lossy, []string{"locks/lostresp"}, &controller.LockOptions{TTL: 5 * time.Second, AcquireTimeout: 5 * time.Second, BackoffBase: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("acquire with a lost response: %v", err)
 	}
@@ -268,8 +269,8 @@ func TestLostAcquireResponse(t *testing.T) {
 		t.Fatalf("%d live leases, want 1 (no second session of the same controller)", len(leases.Leases))
 	}
 	// A second workflow cannot become ACTIVE while A is.
-	_, err = Acquire(context.Background(), direct, []string{"locks/lostresp"}, &LockOptions{TTL: 5 * time.Second, AcquireTimeout: 700 * time.Millisecond})
-	if !errors.Is(err, ErrAcquireTimeout) {
+	_, err = controller.Acquire(context.Background(), direct, []string{"locks/lostresp"}, &controller.LockOptions{TTL: 5 * time.Second, AcquireTimeout: 700 * time.Millisecond})
+	if !errors.Is(err, controller.ErrAcquireTimeout) {
 		t.Fatalf("second acquire while A is ACTIVE: %v", err)
 	}
 	if err := a.Release(context.Background()); err != nil {
@@ -281,7 +282,7 @@ func TestMaxHoldReleases(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	cli := c.Client(t)
 	var l stateLog
-	h, err := Acquire(context.Background(), cli, []string{"locks/maxhold"}, &LockOptions{TTL: 5 * time.Second, MaxHold: 400 * time.Millisecond, OnState: l.on})
+	h, err := controller.Acquire(context.Background(), cli, []string{"locks/maxhold"}, &controller.LockOptions{TTL: 5 * time.Second, MaxHold: 400 * time.Millisecond, OnState: l.on})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,19 +291,19 @@ func TestMaxHoldReleases(t *testing.T) {
 	if held := time.Since(start); held > 1500*time.Millisecond {
 		t.Fatalf("context ended after %v, MaxHold is 400ms", held)
 	}
-	if !errors.Is(context.Cause(h.Context()), ErrMaxHold) {
+	if !errors.Is(context.Cause(h.Context()), controller.ErrMaxHold) {
 		t.Fatalf("cause %v, want ErrMaxHold", context.Cause(h.Context()))
 	}
 	if err := h.Release(context.Background()); err != nil {
 		t.Fatalf("release after MaxHold: %v", err)
 	}
-	if s := h.State(); s != StateReleased {
+	if s := h.State(); s != controller.StateReleased {
 		t.Fatalf("state %s", s)
 	}
 	if k := keysUnder(t, cli, "locks/maxhold"); len(k) != 0 {
 		t.Fatalf("keys left: %+v", k)
 	}
-	if got, want := l.states(), []State{StateAcquiring, StateActive, StateReleasing, StateReleased}; !slices.Equal(got, want) {
+	if got, want := l.states(), []controller.State{controller.StateAcquiring, controller.StateActive, controller.StateReleasing, controller.StateReleased}; !slices.Equal(got, want) {
 		t.Fatalf("transitions %v, want %v", got, want)
 	}
 }
@@ -319,7 +320,7 @@ func TestOverlappingSetsNoDeadlock(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 5; i++ {
-				h, err := Acquire(context.Background(), cli, set, &LockOptions{TTL: 5 * time.Second, AcquireTimeout: 10 * time.Second})
+				h, err := controller.Acquire(context.Background(), cli, set, &controller.LockOptions{TTL: 5 * time.Second, AcquireTimeout: 10 * time.Second})
 				if err != nil {
 					errs <- err
 					return
@@ -352,7 +353,7 @@ func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 	proxy := testkit.NewProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
 	viaProxy := newClient(t, "http://"+proxy.Addr())
 	const ttl = 2 * time.Second
-	a, err := Acquire(context.Background(), viaProxy, []string{"locks/unconf"}, &LockOptions{
+	a, err := controller.Acquire(context.Background(), viaProxy, []string{"locks/unconf"}, &controller.LockOptions{
 		TTL: ttl, ReleaseTimeout: 300 * time.Millisecond, RequestTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -364,12 +365,12 @@ func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 	testkit.Eventually(t, 3*time.Second, "release attempts to be held by the pause", func() bool { return proxy.Held() > 0 })
 	// Another holder in this process must not get the lock before the TTL
 	// is waited out.
-	b, err := Acquire(context.Background(), direct, []string{"locks/unconf"}, &LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
+	b, err := controller.Acquire(context.Background(), direct, []string{"locks/unconf"}, &controller.LockOptions{TTL: ttl, AcquireTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	gotB := time.Since(start)
-	if s := a.State(); s != StateReleasing && s != StateReleased {
+	if s := a.State(); s != controller.StateReleasing && s != controller.StateReleased {
 		t.Fatalf("A is %s", s)
 	}
 	err = <-relDone
@@ -381,7 +382,7 @@ func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 	if took < ttl || gotB < ttl {
 		t.Fatalf("release returned after %v, B acquired after %v: before the TTL %v ran out", took, gotB, ttl)
 	}
-	if a.State() != StateReleased || b.Check() != nil {
+	if a.State() != controller.StateReleased || b.Check() != nil {
 		t.Fatalf("A %s, B %v", a.State(), b.Check())
 	}
 	proxy.Resume()
@@ -393,7 +394,7 @@ func TestUnconfirmedReleaseWaitsOutTTL(t *testing.T) {
 func TestRevokedLeaseIsLost(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	cli := c.Client(t)
-	h, err := Acquire(context.Background(), cli, []string{"locks/revoked"}, &LockOptions{TTL: 10 * time.Second, RenewInterval: 200 * time.Millisecond})
+	h, err := controller.Acquire(context.Background(), cli, []string{"locks/revoked"}, &controller.LockOptions{TTL: 10 * time.Second, RenewInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,14 +403,14 @@ func TestRevokedLeaseIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	testkit.Eventually(t, 5*time.Second, "holder LOST", func() bool { return h.State() == StateLost })
+	testkit.Eventually(t, 5*time.Second, "holder LOST", func() bool { return h.State() == controller.StateLost })
 	if d := time.Since(revoked); d > 2*time.Second {
 		t.Fatalf("LOST %v after the revoke; the TTL (10s) should not be waited for", d)
 	}
-	if !errors.Is(h.Check(), ErrSessionEnded) || !errors.Is(context.Cause(h.Context()), ErrSessionEnded) {
+	if !errors.Is(h.Check(), controller.ErrSessionEnded) || !errors.Is(context.Cause(h.Context()), controller.ErrSessionEnded) {
 		t.Fatalf("check %v, cause %v; want ErrSessionEnded", h.Check(), context.Cause(h.Context()))
 	}
-	if err := h.Release(context.Background()); !errors.Is(err, ErrNotOwner) {
+	if err := h.Release(context.Background()); !errors.Is(err, controller.ErrNotOwner) {
 		t.Fatalf("release after the revoke: %v, want ErrNotOwner", err)
 	}
 }

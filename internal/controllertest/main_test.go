@@ -1,4 +1,9 @@
-package controller
+// Package controllertest tests the controller SDK (the module in
+// controller/) against real etcd clusters, mosquitto, the agent and the
+// firmware simulator. The tests live in the agent's module because they
+// use its test kit (internal/testkit), which the SDK's module must not
+// require: a program that imports the SDK gets none of it.
+package controllertest
 
 import (
 	"bufio"
@@ -14,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
@@ -50,32 +56,32 @@ func helperHold() int {
 		}
 	}()
 	defer func() { close(out); wg.Wait() }()
-	h := NewHolder(cli, []string{os.Getenv("HELPER_LOCK")}, &LockOptions{
+	h := controller.NewHolder(cli, []string{os.Getenv("HELPER_LOCK")}, &controller.LockOptions{
 		TTL: ttl, AcquireTimeout: 10 * time.Second, Name: "helper",
-		OnState: func(_, to State) { out <- "STATE " + to.String() },
+		OnState: func(_, to controller.State) { out <- "STATE " + to.String() },
 	})
 	if err := h.Acquire(context.Background()); err != nil {
 		out <- "ERROR " + err.Error()
 		return 1
 	}
-	var sender *Sender
+	var sender *controller.Sender
 	if broker := os.Getenv("HELPER_BROKER"); broker != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		conn, err := Dial(ctx, ConnOptions{Broker: broker, Gateway: os.Getenv("HELPER_GATEWAY")})
+		conn, err := controller.Dial(ctx, controller.ConnOptions{Broker: broker, Gateway: os.Getenv("HELPER_GATEWAY")})
 		cancel()
 		if err != nil {
 			out <- "ERROR " + err.Error()
 			return 1
 		}
 		defer conn.Close()
-		sender = NewSender(conn, h, nil)
+		sender = controller.NewSender(conn, h, nil)
 	}
 	out <- "FENCE " + strconv.FormatInt(h.Fence(), 10)
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		if op, ok := strings.CutPrefix(sc.Text(), "send "); ok && sender != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			r, err := sender.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1500}, WithOpID(op))
+			r, err := sender.Send(ctx, "pump-7", "set", map[string]any{"rpm": 1500}, controller.WithOpID(op))
 			cancel()
 			out <- fmt.Sprintf("SENT %s %s %v", op, r.Code, err)
 			continue
