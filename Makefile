@@ -54,11 +54,15 @@ demo: $(addprefix $(PLUGINS_DIR)/,$(addsuffix .wasm,$(PLUGINS_GO)))
 # C plugin is built here unconditionally: without clang this fails, as it
 # should in CI. packaging/ (the Debian package, a module of its own) is
 # tested too, without -race: it has no concurrency of its own, and nfpm's
-# compression under the race detector takes minutes.
+# compression under the race detector takes minutes. controller/ (the
+# controller SDK, a module of its own) runs its own unit tests and
+# examples; its tests against etcd, mosquitto and the agent are
+# internal/controllertest, in the agent's module.
 test: plugins-c
 	$(GO) vet ./...
 	$(GO) vet -tags failpoints ./...
 	$(GO) test $(TESTFLAGS) ./...
+	cd controller && $(GO) vet ./... && $(GO) test $(TESTFLAGS) ./...
 	cd packaging && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
 
 # The chaos campaign (docs/testing.md, "Chaos campaign"): real processes,
@@ -84,11 +88,12 @@ chaos-mutants:
 
 # Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
 bench:
-	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./internal/agent ./wire/jws ./internal/auth
+	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./internal/agent ./internal/auth
+	cd controller && $(GO) test -run XXX -bench . -benchtime 2s ./wire/jws
 	$(GO) run ./cmd/edge-bench
 	$(GO) run ./cmd/edge-bench -footprint-plugins
 
-# fmt, vet, staticcheck (pinned) over both modules, then the tests.
+# fmt, vet, staticcheck (pinned) over every module, then the tests.
 check: fmt vet staticcheck test
 
 $(TOOLS)/staticcheck-$(STATICCHECK_VERSION):
@@ -97,6 +102,7 @@ $(TOOLS)/staticcheck-$(STATICCHECK_VERSION):
 
 staticcheck: $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 	$< ./...
+	cd controller && $< ./...
 	cd plugins/sdk && $< ./...
 	cd plugins/sdk && GOOS=wasip1 GOARCH=wasm $< ./...
 
@@ -105,6 +111,7 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	cd controller && $(GO) vet ./...
 	cd plugins/sdk && $(GO) vet ./...
 	cd packaging && $(GO) vet ./...
 

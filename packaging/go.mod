@@ -1,6 +1,8 @@
 module github.com/edge-agent/edge-agent/packaging
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require github.com/goreleaser/nfpm/v2 v2.45.2
 
