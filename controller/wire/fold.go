@@ -1,13 +1,13 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/edge-agent/edge-agent/plugins/sdk/jsonscan"
 )
 
 // CheckParamKeys refuses params (a valid JSON value) with two keys, in one
@@ -18,78 +18,59 @@ import (
 // judge another value than the one the device takes. ParseCommand applies
 // it; controllers can check before they send.
 func CheckParamKeys(b []byte) error {
-	s := jsonscan.Scanner{B: b}
-	s.WS()
-	return twins(&s, 0)
-}
-
-func twins(s *jsonscan.Scanner, depth int) error {
-	if s.I >= len(s.B) || depth > MaxDepth {
-		return errors.New("params is not valid JSON")
+	bad := errors.New("params is not valid JSON")
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	// One frame per open object or array: an object's keys as folded (to
+	// the key as written), and whether its next token is a key.
+	type frame struct {
+		keys    map[string]string
+		wantKey bool
 	}
-	switch s.B[s.I] {
-	case '{':
-		s.I++
-		s.WS()
-		if s.Eat('}') {
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF && len(stack) == 0 {
 			return nil
 		}
-		seen := map[string]string{} // folded key -> key as written
-		for {
-			s.WS()
-			start, end, esc, ok := s.Str()
-			if !ok {
-				return errors.New("params is not valid JSON")
-			}
-			key := string(s.B[start:end])
-			if esc && json.Unmarshal(s.B[start-1:end+1], &key) != nil {
-				return errors.New("params is not valid JSON")
-			}
-			f := foldKey(key)
-			if prev, dup := seen[f]; dup {
-				return fmt.Errorf("params keys %q and %q are equal under case folding (a device may take either)", clip([]byte(prev)), clip([]byte(key)))
-			}
-			seen[f] = key
-			s.WS()
-			if !s.Eat(':') {
-				return errors.New("params is not valid JSON")
-			}
-			s.WS()
-			if err := twins(s, depth+1); err != nil {
-				return err
-			}
-			s.WS()
-			if s.Eat('}') {
-				return nil
-			}
-			if !s.Eat(',') {
-				return errors.New("params is not valid JSON")
+		if err != nil {
+			return bad
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.wantKey {
+			if key, ok := tok.(string); ok {
+				f := foldKey(key)
+				if prev, dup := top.keys[f]; dup {
+					return fmt.Errorf("params keys %q and %q are equal under case folding (a device may take either)", clip([]byte(prev)), clip([]byte(key)))
+				}
+				top.keys[f] = key
+				top.wantKey = false
+				continue
 			}
 		}
-	case '[':
-		s.I++
-		s.WS()
-		if s.Eat(']') {
-			return nil
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				if len(stack) > MaxDepth {
+					return bad
+				}
+				fr := &frame{}
+				if d == '{' {
+					fr.keys, fr.wantKey = map[string]string{}, true
+				}
+				stack = append(stack, fr)
+				continue
+			default: // '}' or ']': the container is a value of its parent
+				stack = stack[:len(stack)-1]
+			}
 		}
-		for {
-			s.WS()
-			if err := twins(s, depth+1); err != nil {
-				return err
-			}
-			s.WS()
-			if s.Eat(']') {
-				return nil
-			}
-			if !s.Eat(',') {
-				return errors.New("params is not valid JSON")
-			}
+		if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+			stack[len(stack)-1].wantKey = true // a value ended: a key or '}' comes next
 		}
 	}
-	if !s.Value(depth, MaxDepth) {
-		return errors.New("params is not valid JSON")
-	}
-	return nil
 }
 
 // foldKey maps every rune of k to the smallest rune of its Unicode
