@@ -25,10 +25,12 @@ import (
 // A controller process (edge-chaos controller ...) is an honest controller
 // built on package controller: it takes a device's lock in etcd, sends a
 // barrier and then a few commands with the lock's fence, resends with the
-// same op_id when no Result comes (the Sender does), retries an operation
-// that was answered without being recorded (device_unreachable,
-// policy_error: docs/protocol.md, "What is recorded") with the same op_id
-// while it holds the lock, releases, and starts over. It writes every
+// same op_id when no Result comes (the Sender does; it also retries busy
+// and fence_unconfirmed, the only Results that are not final), retries an
+// operation answered on arrival without a record (docs/protocol.md, "What
+// is recorded") with the same op_id while it holds the lock, releases, and
+// starts over. A final Result (device_unreachable and policy_error
+// included) ends the operation: the next one is a new op_id. It writes every
 // invocation, publish, Result and lock event to its history file.
 //
 // Signals from the campaign: SIGUSR1 arms a stale-holder pause (the next

@@ -139,7 +139,7 @@ func startAgent(t *testing.T, gateway, devices string) (admin, broker string) {
 // send that gives up on busy says outcome unknown too, not a rejection.
 func TestGaveUpMeansItWillNotRunLater(t *testing.T) {
 	s := sim.StartForTest(t, map[string]string{"valve-1": "valve"})
-	admin, broker := startAgent(t, "gw-g", fmt.Sprintf("  - id: valve-1\n    type: valve\n    queue: 1\n    driver: {url: %q, timeout: 1s, queryable: false}\n", s.URL()))
+	admin, broker := startAgent(t, "gw-g", fmt.Sprintf("  - id: valve-1\n    type: valve\n    queue: 1\n    driver: {url: %q, timeout: 1s, queryable: false, resolve_settle: 0s}\n", s.URL()))
 	send := func(op, open, timeout string) (int, string) {
 		code, out, stderr := runCLI("send", "--broker", broker, "--gateway", "gw-g", "--device", "valve-1",
 			"--action", "set", "--param", "open="+open, "--fence", "7", "--op-id", op, "--timeout", timeout)

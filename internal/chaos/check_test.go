@@ -83,6 +83,12 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 		wants []string // checks that must report a violation; none: clean
 	}{
 		{"honest", clean(), nil},
+		{"honest: device_unreachable and policy_error are final, the next op goes on", clean().
+			op(40, "a", "r", "a-6", 5, "toggle", "").res(41, "r", "a-6", 5, wire.CodeDeviceUnreachable, 5, "", false, 41).
+			res(42, "r", "a-6", 5, wire.CodeDeviceUnreachable, 5, "", true, 41). // a resend's replay
+			op(43, "a", "r", "a-7", 5, "toggle", "").res(44, "r", "a-7", 5, wire.CodePolicyError, 5, "", false, 44).
+			op(45, "a", "r", "a-8", 5, "toggle", "").applied(46, "r", "a-8", 5, "toggle", "").res(47, "r", "a-8", 5, wire.CodeOK, 5, `{"on":true}`, false, 46),
+			nil},
 		{"applied twice (dedup off)", clean().applied(22, "r", "a-2", 5, "toggle", ""),
 			[]string{"at most once (journal)", "linearizable (porcupine)"}},
 		{"a stale fence applied after a newer one (fence check off)", clean().op(40, "c", "r", "c-1", 9, "toggle", "").

@@ -152,6 +152,21 @@ func stepFence(s devState, in opIn, out opOut) []devState {
 			return nil
 		}
 		return []devState{raised}
+	case wire.CodeDeviceUnreachable, wire.CodePolicyError:
+		// Recorded and final (final means final), and nothing was written:
+		// the fence passed, and last_fence may or may not have been raised
+		// (a policy error ends before the pending record, an unreachable
+		// device after it).
+		if !passes || in.applied > 0 {
+			return nil
+		}
+		var out2 []devState
+		for _, n := range uniqStates(s, raised) {
+			if shows(n) {
+				out2 = append(out2, n)
+			}
+		}
+		return out2
 	case wire.CodeExpired, wire.CodeLockMismatch:
 		if in.applied > 0 {
 			return nil
