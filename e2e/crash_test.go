@@ -112,7 +112,9 @@ func TestRedeliveryAfterKillBeforeAck(t *testing.T) {
 // stops the agent non-zero; the command is redelivered to the next run.
 func TestStoreCommitFailureStopsTheAgent(t *testing.T) {
 	e := newEnv(t, pump("pump-7"))
-	e.startProc("EDGE_AGENT_FAULT_FAIL_COMMIT=1")
+	// The first commit of a new store is its identity (internal/fencemem,
+	// before the broker connects); the second is the command's admission.
+	e.startProc("EDGE_AGENT_FAULT_FAIL_COMMIT=2")
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	if code := e.waitExit(20 * time.Second); code != 1 {
 		t.Fatalf("agent exited %d, want 1", code)
