@@ -44,6 +44,12 @@ func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
 	if !d.UpdatedAt.IsZero() {
 		info.UpdatedAt = &d.UpdatedAt
 	}
+	info.State = stateOrEmpty(d.State)
+	if c, _ := rt.lastContact(); !c.last.IsZero() {
+		at := c.last.UTC()
+		info.LastContactAt = &at
+		info.Reachable = c.reached
+	}
 	info.FenceConfirmed = true
 	if a.o.Fences != nil {
 		info.FenceFloor, info.FenceConfirmed = a.o.Fences.Device(dev)
@@ -176,7 +182,8 @@ func (a *Agent) entry(o store.Op, lastFence int64) OpEntry {
 	case store.OpFinal, store.OpUnknown:
 		e.Result = resultOf(o, lastFence, false)
 	default:
-		e.Result = wire.Result{V: wire.Version, OpID: o.OpID, Device: o.Device, Fence: o.Fence, LastFence: lastFence}
+		e.Result = wire.Result{V: wire.Version, OpID: o.OpID, Device: o.Device, Fence: o.Fence, LastFence: lastFence,
+			RewrittenParams: rewrittenOf(&o)}
 	}
 	return e
 }
