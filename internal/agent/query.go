@@ -248,6 +248,26 @@ func (a *Agent) HeldUnknown() ([]OpEntry, error) {
 	return out, err
 }
 
+// oldestHeldAge is how long the oldest write held unknown now has been
+// (since it was recorded unknown); 0 when none is, or when the store
+// cannot be read.
+func (a *Agent) oldestHeldAge() time.Duration {
+	if a.held.Load() <= 0 {
+		return 0
+	}
+	held, err := a.HeldUnknown()
+	if err != nil || len(held) == 0 {
+		return 0
+	}
+	oldest := held[0].At
+	for _, e := range held[1:] {
+		if e.At.Before(oldest) {
+			oldest = e.At
+		}
+	}
+	return max(0, a.now().Sub(oldest))
+}
+
 // StatSeconds is the most seconds Stats returns.
 const StatSeconds = statSlots
 
