@@ -193,4 +193,8 @@ type DeviceInfo struct {
 	State         json.RawMessage `json:"state,omitempty"`
 	Reachable     bool            `json:"reachable"`
 	LastContactAt *time.Time      `json:"last_contact_at,omitempty"`
+	// LastTryAt (extension) is when the last try to reach it ended:
+	// absent before any since the agent started, so that reachable false
+	// tells "tried, no answer" from "not tried yet".
+	LastTryAt *time.Time `json:"last_try_at,omitempty"`
 }

@@ -45,10 +45,13 @@ func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
 		info.UpdatedAt = &d.UpdatedAt
 	}
 	info.State = stateOrEmpty(d.State)
-	if c, _ := rt.lastContact(); !c.last.IsZero() {
-		at := c.last.UTC()
-		info.LastContactAt = &at
-		info.Reachable = c.reached
+	if c, tried := rt.lastContact(); tried {
+		try := c.tried.UTC()
+		info.LastTryAt, info.Reachable = &try, c.reached
+		if !c.last.IsZero() {
+			at := c.last.UTC()
+			info.LastContactAt = &at
+		}
 	}
 	info.FenceConfirmed = true
 	if a.o.Fences != nil {
