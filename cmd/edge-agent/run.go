@@ -62,7 +62,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	sd := newNotifier(log)
-	a := app.New(cfg, app.Options{Logger: log, Version: Version, MQTTGrace: sd.mqttGrace()})
+	a := app.New(cfg, app.Options{Logger: log, Version: Version, Revision: Commit, MQTTGrace: sd.mqttGrace()})
 	if err := a.Start(ctx); err != nil {
 		if errors.Is(err, app.ErrConfig) {
 			return configErr(err)

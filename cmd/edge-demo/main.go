@@ -1,15 +1,18 @@
 // Command edge-demo tells the story edge-agent exists for, in under a
 // minute, on the embedded defaults: an embedded MQTT broker, a simulated
 // pump, the agent, two controllers that sign their commands, one of which
-// pauses and wakes up stale, and a rogue publisher whose forged barrier is
-// refused. `make demo` runs it.
+// pauses and wakes up stale, a rogue publisher whose forged barrier is
+// refused, and a write whose answer is lost: unknown, until the agent asks
+// the pump. `make demo` runs it.
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -26,6 +29,9 @@ import (
 	"github.com/edge-agent/edge-agent/internal/device"
 )
 
+// out is where the story is told (a test reads it).
+var out io.Writer = os.Stdout
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -34,7 +40,7 @@ func main() {
 }
 
 func say(format string, a ...any) {
-	fmt.Printf(format+"\n", a...)
+	fmt.Fprintf(out, format+"\n", a...)
 	time.Sleep(150 * time.Millisecond) // pacing for a human reader, not synchronisation
 }
 
@@ -103,7 +109,7 @@ func run() error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	broker := agent.BrokerURL()
-	fmt.Printf("edge-agent is running: embedded MQTT broker on %s, firmware simulator on %s\n\n", broker, fw.URL())
+	fmt.Fprintf(out, "edge-agent is running: embedded MQTT broker on %s, firmware simulator on %s\n\n", broker, fw.URL())
 
 	a, err := newController("controller-A", broker, keys["controller-A"])
 	if err != nil {
@@ -137,6 +143,9 @@ func run() error {
 	r = a.send("pump-7", "a-1", 41, "set", `{"rpm":1200}`)
 	say("   A: resend a-1                  -> %s", show(r))
 	say("   The recorded outcome is replayed; nothing is written to the pump again.")
+	if st, err := fw.State("pump-7"); err == nil {
+		say("   (Its output is what a-1 did then; the pump itself is at %s now: B's write stands.)", compact(st))
+	}
 
 	say("\n5. B publishes garbage on pump-7's command topic (signed, but malformed).")
 	r = b.sendRaw("pump-7", b.sign("pump-7", `{"op_id":"junk","fence":"lots","action":"set",`+b.binding("pump-7")+`}`), "junk")
@@ -156,7 +165,9 @@ func run() error {
 	r = b.send("pump-7", "b-5", 42, "set", `{"rpm":1000}`)
 	say("   Nothing was written or raised. B carries on: set rpm=1000 -> %s", show(r))
 
+	step := 7
 	if policiesBound(cfg) {
+		step++
 		say("\n7. pump-7 has a policy plugin (WebAssembly): rpm must stay within 0..3000.")
 		r = b.send("pump-7", "b-3", 42, "set", `{"rpm":4000}`)
 		say("   B: set rpm=4000                -> %s", show(r))
@@ -165,12 +176,29 @@ func run() error {
 		say("   B: open valve-1 95%%            -> %s", show(r))
 	}
 
-	fmt.Println("\nThe device journal (every write the firmware applied, oldest first):")
-	for _, e := range fw.Journal() {
-		fmt.Printf("   #%d %-8s %-4s fence %d  %-12s by op %s\n", e.Seq, e.Device, e.Action, e.Fence, string(e.Params), e.OpID)
+	say("\n%d. B sets the pump again, and the pump's answer is lost on the way back (the", step)
+	say("   firmware applies the write, then drops the connection, on every try).")
+	if err := fw.SetFaults(sim.Faults{Device: "pump-7", DropResponseRate: 1}); err != nil {
+		return err
 	}
-	fmt.Println("\nOnly the writes that should have happened are there: none from the stale controller,")
-	fmt.Println("no second copy of a-1, nothing from the rogue, nothing the policy denied, and the clamped valve at 80%.")
+	b.interim = func(r wire.Result) { say("   B: set rpm=1100 (first Result) -> %s", show(r)) }
+	r = b.send("pump-7", "b-6", 42, "set", `{"rpm":1100}`)
+	b.interim = nil
+	if err := fw.SetFaults(sim.Faults{}); err != nil {
+		return err
+	}
+	say("   The agent did not guess, and sent pump-7 nothing else meanwhile. It asked the pump")
+	say("   about the write's idempotency key, learned it was applied, and published the final")
+	say("   Result to the same place:")
+	say("   B: set rpm=1100 (final Result) -> %s", show(r))
+
+	fmt.Fprintln(out, "\nThe device journal (every write the firmware applied, oldest first):")
+	for _, e := range fw.Journal() {
+		fmt.Fprintf(out, "   #%d %-8s %-4s fence %d  %-12s by op %s\n", e.Seq, e.Device, e.Action, e.Fence, string(e.Params), e.OpID)
+	}
+	fmt.Fprintln(out, "\nOnly the writes that should have happened are there: none from the stale controller,")
+	fmt.Fprintln(out, "no second copy of a-1, nothing from the rogue, nothing the policy denied, the clamped")
+	fmt.Fprintln(out, "valve at 80%, and b-6 once, although its answer was lost.")
 	return nil
 }
 
@@ -180,8 +208,14 @@ func show(r wire.Result) string {
 		s += " (duplicate: the recorded outcome)"
 	}
 	s += fmt.Sprintf(", last_fence %d", r.LastFence)
-	if r.Status == wire.StatusApplied && len(r.Output) > 0 {
+	switch {
+	case r.Status == wire.StatusApplied && len(r.Output) > 0 && r.Duplicate:
+		s += ", recorded output " + string(r.Output) + " (the pump's state when it was applied, not now)"
+	case r.Status == wire.StatusApplied && len(r.Output) > 0:
 		s += ", device state " + string(r.Output)
+	}
+	if len(r.RewrittenParams) > 0 {
+		s += ", sent " + string(r.RewrittenParams) + " (rewritten by the policy)"
 	}
 	if r.Status != wire.StatusApplied {
 		s += ": " + r.Reason
@@ -197,6 +231,9 @@ type controller struct {
 	c       paho.Client
 	replyTo string
 	results chan wire.Result
+	// interim, when set, is shown each unknown Result of the command
+	// being sent (its final one follows).
+	interim func(wire.Result)
 }
 
 func newController(name, broker string, key ed25519.PrivateKey) (*controller, error) {
@@ -275,6 +312,9 @@ func (k *controller) sendRaw(dev, payload, op string) wire.Result {
 			if r.OpID == op && r.Final() {
 				return r
 			}
+			if r.OpID == op && k.interim != nil {
+				k.interim(r)
+			}
 		case <-deadline:
 			return wire.Result{Status: "none", Code: "timeout", Reason: "no Result within 10s"}
 		}
@@ -282,3 +322,12 @@ func (k *controller) sendRaw(dev, payload, op string) wire.Result {
 }
 
 func (k *controller) close() { k.c.Disconnect(100) }
+
+// compact is a JSON document without insignificant space.
+func compact(doc []byte) string {
+	var b bytes.Buffer
+	if json.Compact(&b, doc) != nil {
+		return string(doc)
+	}
+	return b.String()
+}

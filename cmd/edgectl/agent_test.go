@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -147,6 +148,23 @@ func TestGaveUpMeansItWillNotRunLater(t *testing.T) {
 	}
 	if code, out := send("v-ok", "40", "10s"); code != 0 {
 		t.Fatalf("send: exit %d %s", code, out)
+	}
+	// The history names who sent it, not a random client ID.
+	var hist struct {
+		Ops []struct {
+			OpID   string `json:"op_id"`
+			Holder string `json:"holder"`
+		} `json:"ops"`
+	}
+	resp, err := http.Get(admin + "/v1/devices/valve-1/ops?limit=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&hist)
+	resp.Body.Close()
+	host, _ := os.Hostname()
+	if err != nil || len(hist.Ops) != 1 || hist.Ops[0].Holder != holderName() || !strings.HasSuffix(hist.Ops[0].Holder, "@"+host) {
+		t.Fatalf("v-ok's history entry: %+v (%v); want holder %q", hist.Ops, err, holderName())
 	}
 	if err := s.SetFaults(sim.Faults{Device: "valve-1", DropResponseRate: 1}); err != nil {
 		t.Fatal(err)

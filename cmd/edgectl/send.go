@@ -192,7 +192,7 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	var owner controller.Owner
 	var holder *controller.Holder
 	if f.fence != 0 {
-		owner = &controller.FixedFence{Fence: f.fence, Lock: f.lock, Holder: "edgectl/" + conn.ControllerID()}
+		owner = &controller.FixedFence{Fence: f.fence, Lock: f.lock, Holder: holderName()}
 	} else {
 		eps := strings.Split(f.etcd, ",")
 		cli, err := dialEtcd(ctx, eps)
@@ -201,7 +201,7 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 		}
 		defer cli.Close()
 		holder, err = controller.Acquire(ctx, cli, []string{f.lock}, &controller.LockOptions{
-			TTL: f.ttl, AcquireTimeout: f.timeout, Name: "edgectl/" + conn.ControllerID(),
+			TTL: f.ttl, AcquireTimeout: f.timeout, Name: holderName(),
 		})
 		if err != nil {
 			return fmt.Errorf("lock %s: %w", f.lock, err)

@@ -126,7 +126,11 @@ type Result struct {
 	LastFence int64           `json:"last_fence"`
 	Duplicate bool            `json:"duplicate"`
 	Output    json.RawMessage `json:"output,omitempty"`
-	At        time.Time       `json:"at"`
+	// RewrittenParams is present only when the device's policy rewrote
+	// the command's params (e.g. a clamp): the params actually sent to
+	// the device (docs/protocol.md §1).
+	RewrittenParams json.RawMessage `json:"rewritten_params,omitempty"`
+	At              time.Time       `json:"at"`
 	// PayloadSHA256 binds an unauthorized Result to the message it
 	// refuses (docs/protocol.md §6): the SHA-256, in lowercase hex, of
 	// that message's payload as received (PayloadDigest). Its op_id is
@@ -182,4 +186,15 @@ type DeviceInfo struct {
 	// (docs/protocol.md §7).
 	FenceFloor     int64 `json:"fence_floor"`
 	FenceConfirmed bool  `json:"fence_confirmed"`
+	// State is the device's last confirmed state ({} before any),
+	// Reachable whether the last try to reach it (a write or a query)
+	// got an answer, and LastContactAt when it last answered (absent
+	// before any answer since the agent started) (docs/protocol.md §3).
+	State         json.RawMessage `json:"state,omitempty"`
+	Reachable     bool            `json:"reachable"`
+	LastContactAt *time.Time      `json:"last_contact_at,omitempty"`
+	// LastTryAt (extension) is when the last try to reach it ended:
+	// absent before any since the agent started, so that reachable false
+	// tells "tried, no answer" from "not tried yet".
+	LastTryAt *time.Time `json:"last_try_at,omitempty"`
 }

@@ -132,6 +132,7 @@ func TestAgentMessagesValidate(t *testing.T) {
 	fw := sim.StartForTest(t, map[string]string{
 		"pump-1": "pump", "pump-lock": "pump", "slow": "generic", "drop": "generic",
 		"flaky": "generic", "pump-pol": "pump", "pump-perr": "pump",
+		"pump-clamp": "pump",
 	})
 	plugins := t.TempDir()
 	buildRangeLimit(t, plugins)
@@ -165,9 +166,13 @@ devices:
     type: pump
     driver: %s
     policy: {plugin: range-limit, config: {param: rpm, max: 3000}, %s, max_input: 16}}
+  - id: pump-clamp
+    type: pump
+    driver: %s
+    policy: {plugin: range-limit, config: {param: rpm, max: 3000, clamp: true}, %s}}
 `, gw, filepath.Join(dir, "data"), broker.URL(), plugins,
 		drv(""), drv(""), fw.URL(), drv(""), drv(", resends: 0"), closedPortURL(t),
-		drv(""), limits, drv(""), limits)
+		drv(""), limits, drv(""), limits, drv(""), limits)
 	cfgPath := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfgText), 0o600); err != nil {
 		t.Fatal(err)
@@ -334,6 +339,17 @@ devices:
 	await("pol-1", wire.CodePolicyDenied, false)
 	cmd("pump-perr", "perr-1", 1, "set", `{"rpm":4000}`, nil)
 	await("perr-1", wire.CodePolicyError, false)
+	// a policy's rewrite: clamped to 3000, applied, and the Result (and
+	// its replay) says what was sent.
+	cmd("pump-clamp", "clamp-1", 1, "set", `{"rpm":4000}`, nil)
+	for _, dup := range []bool{false, true} {
+		if r := await("clamp-1", wire.CodeOK, dup); string(r.RewrittenParams) != `{"rpm":3000}` || string(r.Output) != `{"rpm":3000}` {
+			t.Errorf("clamped write (duplicate %v): rewritten_params %s, output %s; want both {\"rpm\":3000}", dup, r.RewrittenParams, r.Output)
+		}
+		if !dup {
+			cmd("pump-clamp", "clamp-1", 1, "set", `{"rpm":4000}`, nil)
+		}
+	}
 	// device_unreachable: nothing listens on gone's port.
 	cmd("gone", "gone-1", 1, "set", `{"x":1}`, nil)
 	await("gone-1", wire.CodeDeviceUnreachable, false)

@@ -146,6 +146,7 @@ func TestBrokenMessagesDoNotValidate(t *testing.T) {
 	}{
 		{"result", okResult}, {"deviceState", okState}, {"command", okCommand}, {"status", okStatus},
 		{"command", `{"op_id":"op-1","fence":9223372036854775807,"action":"fence"}`},
+		{"result", strings.Replace(okResult, `"output":{"rpm":1200}`, `"output":{"rpm":1200},"rewritten_params":{"rpm":1200}`, 1)},
 		{"result", `{"v":1,"device":"bad device!","status":"rejected","code":"invalid","reason":"x","last_fence":0,"duplicate":false,"at":"2026-11-30T10:00:00Z"}`},
 	} {
 		if err := check(s[c.schema], []byte(c.doc)); err != nil {
@@ -184,6 +185,7 @@ func TestBrokenMessagesDoNotValidate(t *testing.T) {
 		{"Result at not a time", "result", mutate(okResult, set("at", "yesterday"))},
 		{"Result output on a rejection", "result", mutate(okResult, func(m map[string]any) { m["status"], m["code"] = "rejected", "stale_fence" })},
 		{"Result output not an object", "result", mutate(okResult, set("output", 5))},
+		{"Result rewritten_params not an object", "result", mutate(okResult, set("rewritten_params", []any{1}))},
 		{"Result device not an ID", "result", mutate(okResult, set("device", "pump 7"))},
 		{"Result unauthorized without payload_sha256", "result", mutate(okResult, func(m map[string]any) {
 			m["status"], m["code"] = "rejected", "unauthorized"

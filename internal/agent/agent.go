@@ -179,6 +179,8 @@ type devRT struct {
 
 	// wrote is when the last write to the device ended (settle.go).
 	wrote atomic.Pointer[time.Time]
+	// contact is the device's last try (contact.go); nil before any.
+	contact atomic.Pointer[contactState]
 }
 
 // heldOp is the write held for an operator after a read-back, "" if none.
@@ -389,7 +391,17 @@ func resultOf(o store.Op, lastFence int64, dup bool) wire.Result {
 	if o.Result == wire.StatusApplied {
 		r.Output = o.Output
 	}
+	r.RewrittenParams = rewrittenOf(&o)
 	return r
+}
+
+// rewrittenOf is a record's rewritten_params: the params sent to the
+// device when its policy rewrote them, else nil.
+func rewrittenOf(o *store.Op) json.RawMessage {
+	if o.Rewritten && o.Action != wire.ActionFence {
+		return o.ParamsSent
+	}
+	return nil
 }
 
 func mustJSON(v any) []byte {

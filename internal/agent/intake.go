@@ -298,7 +298,7 @@ func (a *Agent) ackLoop() {
 // the controller resends until it sees a Result.
 func (a *Agent) answerNow(topic string, r wire.Result, cmd *wire.Command) {
 	a.observe(&outcome{dev: r.Device, opID: r.OpID, fence: r.Fence, action: cmd.Action, holder: cmd.Holder,
-		code: r.Code, reason: r.Reason, dup: r.Duplicate})
+		code: r.Code, reason: r.Reason, dup: r.Duplicate, rewritten: r.RewrittenParams})
 	done := make(chan struct{})
 	a.pub.push(pubItem{topic: topic, payload: resultJSON(r), dev: r.Device, done: done})
 	select {

@@ -30,7 +30,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "edge_agent_commands_total", Help: "Commands answered, by result code (final and unknown Results, replays included).",
+			Name: "edge_agent_commands_total", Help: "Results handed out, by code: a command's unknown Result and its final one count once each, and every replay (duplicate: true, also in edge_agent_dedup_replays_total) counts again.",
 		}, []string{"code"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edge_agent_device_outcomes_total", Help: "Results by configured device and code (device=\"\" for a device that is not configured).",
@@ -97,8 +97,11 @@ func (m *metrics) gauges(a *Agent) {
 	}, []string{"device"})
 	for id, rt := range a.devs {
 		timeout.WithLabelValues(id).Set(rt.cfg.Timeout.Seconds())
+		for _, c := range wire.Codes {
+			m.byDeviceAdd(rt, c, 0) // every configured device's series from 0, so rate() and increase() see its first outcome
+		}
 	}
-	m.reg.MustRegister(timeout,
+	m.reg.MustRegister(timeout, deviceCollector{a},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edge_agent_store_ok", Help: "1 while the store commits; 0 once a commit failed (the agent then exits 1: invariant 5).",
 		}, func() float64 {
@@ -142,6 +145,10 @@ func (m *metrics) byDevice(rt *devRT, c wire.Code) {
 		m.outcomes.WithLabelValues("", string(c)).Inc()
 		return
 	}
+	m.byDeviceAdd(rt, c, 1)
+}
+
+func (m *metrics) byDeviceAdd(rt *devRT, c wire.Code, n float64) {
 	i, ok := codeIndex[c]
 	if !ok {
 		return
@@ -152,5 +159,48 @@ func (m *metrics) byDevice(rt *devRT, c wire.Code) {
 		ctr = &cc
 		rt.outc[i].Store(ctr)
 	}
-	(*ctr).Inc()
+	(*ctr).Add(n)
+}
+
+// deviceCollector computes, at scrape time, each configured device's
+// last_fence and what the agent last heard from it, and the age of the
+// oldest write held unknown.
+type deviceCollector struct{ a *Agent }
+
+var (
+	descLastFence = prometheus.NewDesc("edge_agent_device_last_fence",
+		"A configured device's last_fence: the highest fence it has accepted (what the alert on a fence jump compares with its recent values).", []string{"device"}, nil)
+	descReachable = prometheus.NewDesc("edge_agent_device_reachable",
+		"1 when the last try to reach the device (a write or a query) got an answer, 0 when it did not; absent before any try since the agent started.", []string{"device"}, nil)
+	descLastContact = prometheus.NewDesc("edge_agent_device_last_contact_timestamp_seconds",
+		"Unix time the device last answered a write or a query; absent before any answer since the agent started.", []string{"device"}, nil)
+	descOldestHeld = prometheus.NewDesc("edge_agent_oldest_held_write_age_seconds",
+		"Seconds since the oldest write held unknown now was recorded unknown; 0 when none is held.", nil, nil)
+)
+
+func (c deviceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descLastFence
+	ch <- descReachable
+	ch <- descLastContact
+	ch <- descOldestHeld
+}
+
+func (c deviceCollector) Collect(ch chan<- prometheus.Metric) {
+	a := c.a
+	for id, rt := range a.devs {
+		ch <- prometheus.MustNewConstMetric(descLastFence, prometheus.GaugeValue, float64(rt.lastFence.Load()), id)
+		ct, tried := rt.lastContact()
+		if !tried {
+			continue
+		}
+		up := 0.0
+		if ct.reached {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descReachable, prometheus.GaugeValue, up, id)
+		if !ct.last.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descLastContact, prometheus.GaugeValue, float64(ct.last.UnixNano())/1e9, id)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descOldestHeld, prometheus.GaugeValue, a.oldestHeldAge().Seconds())
 }

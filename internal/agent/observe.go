@@ -20,6 +20,9 @@ type outcome struct {
 	code                      wire.Code
 	reason                    string
 	dup                       bool
+	// rewritten is the params the policy rewrote the command's to (the
+	// Result's rewritten_params), nil when it did not.
+	rewritten []byte
 	// took is the time from the command's arrival to this outcome's
 	// commit; zero for an answer on arrival or a replay (no sample).
 	took time.Duration
@@ -65,11 +68,17 @@ func (a *Agent) logOutcome(o *outcome) {
 		slog.String("code", string(o.code)),
 		slog.Duration("duration", o.took),
 		slog.Bool("duplicate", o.dup),
-		slog.String("reason", o.reason),
+		{},
+		{},
 	}
-	n := len(attrs)
-	if o.reason == "" {
-		n--
+	n := len(attrs) - 2
+	if o.reason != "" {
+		attrs[n] = slog.String("reason", o.reason)
+		n++
+	}
+	if len(o.rewritten) > 0 {
+		attrs[n] = slog.String("rewritten_params", string(o.rewritten))
+		n++
 	}
 	a.log.LogAttrs(context.Background(), lvl, "outcome", attrs[:n]...)
 }

@@ -62,6 +62,7 @@ func TestOutcomeLogLine(t *testing.T) {
 	a.observe(&outcome{dev: "pump-7", opID: "op-1", fence: 42, action: "set", holder: "ctl-a", code: wire.CodeOK, took: 3 * time.Millisecond})
 	a.observe(&outcome{dev: "pump-7", opID: "op-2", fence: 41, action: "set", code: wire.CodeStaleFence, reason: "fence 41 is below 42"})
 	a.observe(&outcome{dev: "pump-7", opID: "op-1", fence: 42, action: "set", code: wire.CodeOK, dup: true})
+	a.observe(&outcome{dev: "valve-1", opID: "c1", fence: 5, action: "set", code: wire.CodeOK, rewritten: []byte(`{"open":80}`)})
 	var lines []map[string]any
 	dec := json.NewDecoder(&buf)
 	for {
@@ -73,8 +74,8 @@ func TestOutcomeLogLine(t *testing.T) {
 		}
 		lines = append(lines, m)
 	}
-	if len(lines) != 3 {
-		t.Fatalf("%d lines, want 3", len(lines))
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4", len(lines))
 	}
 	first := lines[0]
 	for k, v := range map[string]any{"msg": "outcome", "level": "INFO", "device": "pump-7", "op_id": "op-1", "fence": 42.0,
@@ -88,6 +89,12 @@ func TestOutcomeLogLine(t *testing.T) {
 	}
 	if lines[2]["duplicate"] != true {
 		t.Errorf("replay line: %v", lines[2])
+	}
+	if _, ok := first["rewritten_params"]; ok {
+		t.Errorf("a line without a rewrite has rewritten_params: %v", first)
+	}
+	if lines[3]["rewritten_params"] != `{"open":80}` {
+		t.Errorf("a clamped write's line: %v", lines[3])
 	}
 }
 

@@ -44,6 +44,15 @@ func (a *Agent) Device(dev string) (wire.DeviceInfo, error) {
 	if !d.UpdatedAt.IsZero() {
 		info.UpdatedAt = &d.UpdatedAt
 	}
+	info.State = stateOrEmpty(d.State)
+	if c, tried := rt.lastContact(); tried {
+		try := c.tried.UTC()
+		info.LastTryAt, info.Reachable = &try, c.reached
+		if !c.last.IsZero() {
+			at := c.last.UTC()
+			info.LastContactAt = &at
+		}
+	}
 	info.FenceConfirmed = true
 	if a.o.Fences != nil {
 		info.FenceFloor, info.FenceConfirmed = a.o.Fences.Device(dev)
@@ -176,7 +185,8 @@ func (a *Agent) entry(o store.Op, lastFence int64) OpEntry {
 	case store.OpFinal, store.OpUnknown:
 		e.Result = resultOf(o, lastFence, false)
 	default:
-		e.Result = wire.Result{V: wire.Version, OpID: o.OpID, Device: o.Device, Fence: o.Fence, LastFence: lastFence}
+		e.Result = wire.Result{V: wire.Version, OpID: o.OpID, Device: o.Device, Fence: o.Fence, LastFence: lastFence,
+			RewrittenParams: rewrittenOf(&o)}
 	}
 	return e
 }
@@ -239,6 +249,26 @@ func (a *Agent) HeldUnknown() ([]OpEntry, error) {
 		})
 	})
 	return out, err
+}
+
+// oldestHeldAge is how long the oldest write held unknown now has been
+// (since it was recorded unknown); 0 when none is, or when the store
+// cannot be read.
+func (a *Agent) oldestHeldAge() time.Duration {
+	if a.held.Load() <= 0 {
+		return 0
+	}
+	held, err := a.HeldUnknown()
+	if err != nil || len(held) == 0 {
+		return 0
+	}
+	oldest := held[0].At
+	for _, e := range held[1:] {
+		if e.At.Before(oldest) {
+			oldest = e.At
+		}
+	}
+	return max(0, a.now().Sub(oldest))
 }
 
 // StatSeconds is the most seconds Stats returns.

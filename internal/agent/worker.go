@@ -478,6 +478,7 @@ func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error
 	res := rt.drv.Apply(ctx, w.devWrite(o))
 	cancel()
 	rt.wroteNow()
+	rt.wroteWith(a.now(), res.Outcome)
 	a.m.writeSeconds.WithLabelValues(res.Outcome.String()).Observe(time.Since(start).Seconds())
 	failpoint.Hit(failpoint.AfterWrite, o.OpID)
 	return AfterWrite(o, res), res.State, nil
@@ -508,7 +509,7 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 	if first {
 		a.m.unknowns.Inc()
 		a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
-			code: wire.CodeOutcomeUnknown, reason: reason, took: a.now().Sub(o.ReceivedAt)})
+			code: wire.CodeOutcomeUnknown, reason: reason, took: a.now().Sub(o.ReceivedAt), rewritten: rewrittenOf(o)})
 	}
 	return nil
 }
@@ -533,6 +534,7 @@ func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) 
 			q, err = rt.drv.Query(ctx, o.Device, o.Key)
 		}
 		cancel()
+		rt.contacted(a.now(), err == nil)
 		if err == nil {
 			return AfterQuery(a.rules(rt), o, q, a.now()), q.State, nil
 		}
@@ -604,7 +606,7 @@ func (w *worker) end(rt *devRT, o *store.Op, dec Decision, state json.RawMessage
 func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, moved bool) {
 	rt.lastFence.Store(d.LastFence)
 	a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
-		code: dec.Code, reason: dec.Reason, took: a.now().Sub(o.ReceivedAt)})
+		code: dec.Code, reason: dec.Reason, took: a.now().Sub(o.ReceivedAt), rewritten: rewrittenOf(o)})
 	if moved {
 		a.publishState(o.Device, d)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/agent"
+	"github.com/edge-agent/edge-agent/internal/buildinfo"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
@@ -40,6 +41,9 @@ var ErrConfig = config.ErrInvalid
 type Options struct {
 	Logger  *slog.Logger
 	Version string
+	// Revision is the commit the binary was built from (edge_agent_build_info's
+	// revision label); empty: read from the binary's build information.
+	Revision string
 	// MQTTGrace is how long Live tolerates a lost MQTT connection. Zero
 	// means DefaultMQTTGrace.
 	MQTTGrace time.Duration
@@ -111,7 +115,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
+	pm := newProcessMetrics(a.reg, a.o.Version, buildinfo.Revision(a.o.Revision), a.mqttConnected)
 	a.boot.set("opening the store")
 	if cfg.Admin.Listen != "" {
 		a.ln, err = net.Listen("tcp", cfg.Admin.Listen)

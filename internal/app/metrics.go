@@ -17,7 +17,7 @@ type processMetrics struct {
 	commitUpdates prometheus.Histogram
 }
 
-func newProcessMetrics(reg prometheus.Registerer, version string, connected func() bool) *processMetrics {
+func newProcessMetrics(reg prometheus.Registerer, version, revision string, connected func() bool) *processMetrics {
 	m := &processMetrics{
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "edge_agent_store_commit_seconds", Help: "Time of one group commit of the store, fsync included.",
@@ -29,8 +29,8 @@ func newProcessMetrics(reg prometheus.Registerer, version string, connected func
 		}),
 	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "edge_agent_build_info", Help: "1, labelled with the agent's version and the Go version that built it.",
-		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+		Name: "edge_agent_build_info", Help: "1, labelled with the agent's version, the commit it was built from and the Go version that built it.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
 	})
 	info.Set(1)
 	reg.MustRegister(m.commitSeconds, m.commitUpdates, info,

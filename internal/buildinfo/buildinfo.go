@@ -31,6 +31,16 @@ func Line(name, version, commit, date string) string {
 		runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
+// Revision is commit, or when it is empty the one read from the binary's
+// build information (as Line does): the revision label of
+// edge_agent_build_info.
+func Revision(commit string) string {
+	if commit == "" {
+		return vcsRevision()
+	}
+	return commit
+}
+
 // vcsRevision is the commit `go build` stamped into the binary, shortened
 // as git does, or "unknown" (built with -buildvcs=false, or not from a
 // checkout).

@@ -18,7 +18,7 @@ import (
 
 // MarshalResult is json.Marshal(r).
 func MarshalResult(r wire.Result) ([]byte, error) {
-	b := make([]byte, 0, 272+len(r.Reason)+len(r.Output))
+	b := make([]byte, 0, 272+len(r.Reason)+len(r.Output)+len(r.RewrittenParams))
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(r.V), 10)
 	ok := true
@@ -45,6 +45,10 @@ func MarshalResult(r wire.Result) ([]byte, error) {
 	if len(r.Output) > 0 {
 		b = append(b, `,"output":`...)
 		b, ok = appendRaw(b, r.Output, ok)
+	}
+	if len(r.RewrittenParams) > 0 {
+		b = append(b, `,"rewritten_params":`...)
+		b, ok = appendRaw(b, r.RewrittenParams, ok)
 	}
 	b = append(b, `,"at":`...)
 	b, ok = appendTime(b, r.At, ok)

@@ -47,6 +47,9 @@ func TestEncodersMatchJSON(t *testing.T) {
 			r.Code, r.Output, r.PayloadSHA256 = wire.CodeUnauthorized, nil, wire.PayloadDigest([]byte("x"))
 		},
 		func(r *wire.Result) { r.PayloadSHA256 = "<not hex>" },
+		func(r *wire.Result) { r.RewrittenParams = json.RawMessage(`{"rpm":3000}`) },
+		func(r *wire.Result) { r.RewrittenParams = json.RawMessage(`{ "s": "a<b" }`) },
+		func(r *wire.Result) { r.RewrittenParams = json.RawMessage(`{bad`) },
 	} {
 		r := base
 		mod(&r)
@@ -60,6 +63,9 @@ func FuzzEncodersMatchJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, op, dev, status, code, reason string, out []byte, fence, sec int64, dup bool) {
 		r := wire.Result{V: 1, OpID: op, Device: dev, Fence: fence, Status: wire.Status(status), Code: wire.Code(code),
 			Reason: reason, LastFence: fence / 2, Duplicate: dup, Output: out, At: time.Unix(sec, fence%1e9).UTC()}
+		if dup {
+			r.RewrittenParams = out
+		}
 		sameAsJSON(t, r)
 	})
 }
