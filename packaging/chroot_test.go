@@ -33,10 +33,9 @@ func TestDebLifecycleInAChroot(t *testing.T) {
 		t.Fatalf("EDGE_DEB_CHROOT=%s is not a Debian root: %v", root, err)
 	}
 	arch, goenv, _ := debArch(t)
-	bin, plugins := buildInputs(t, goenv)
 	var debs []string
 	for _, v := range []string{"1.0.0", "1.0.1"} {
-		deb, err := buildDeb(debOptions{Arch: arch, Version: v, BinDir: bin, PluginsDir: plugins, RepoDir: "..", OutDir: t.TempDir()})
+		deb, err := buildDeb(debInputs(t, arch, goenv, v, t.TempDir()))
 		if err != nil {
 			t.Fatal(err)
 		}
