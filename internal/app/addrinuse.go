@@ -15,11 +15,11 @@ import (
 // addrInUse explains a failure to bind the embedded broker's listen
 // address because something else holds it: most often mosquitto, which
 // Debian starts on 127.0.0.1:1883 when it is installed. It names the
-// process when /proc lets it see one, and says what to change. Any other
-// error is returned as it is.
+// process when /proc lets it see one, and says what to change. It is nil
+// for any other error.
 func addrInUse(err error, listen string) error {
 	if !errors.Is(err, syscall.EADDRINUSE) {
-		return err
+		return nil
 	}
 	who := "another process (`ss -ltnp` names it)"
 	if _, port, perr := net.SplitHostPort(listen); perr == nil {
@@ -29,8 +29,14 @@ func addrInUse(err error, listen string) error {
 			}
 		}
 	}
-	return fmt.Errorf("mqtt.embedded_listen %s is in use by %s: to use that broker, set mqtt.broker: tcp://%s "+
-		"(configs/agent-mosquitto.yaml); or stop it; or move mqtt.embedded_listen: %w", listen, who, listen, err)
+	var cause error = err
+	var op *net.OpError
+	if errors.As(err, &op) {
+		cause = op // listen tcp ADDR: bind: address already in use
+	}
+	return fmt.Errorf("mqtt.embedded_listen %s is taken by %s: to use that broker instead, set mqtt.broker: tcp://%s "+
+		"without embedded_listen (agent-mosquitto.yaml, in configs/ or /usr/share/doc/edge-agent/examples/); "+
+		"or stop it; or move embedded_listen to a free port: %w", listen, who, listen, cause)
 }
 
 // listenerProcess finds the process holding a TCP socket listening on
