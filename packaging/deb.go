@@ -239,8 +239,8 @@ func buildDeb(o debOptions) (string, error) {
 }
 
 // examples go to /usr/share/doc/edge-agent/examples.
-var examples = []string{"agent.yaml", "agent-mosquitto.yaml", "agent-policies.yaml", "agent-modbus.yaml",
-	"mosquitto.conf", "mosquitto.acl"}
+var examples = []string{"agent.yaml", "agent-coordinated.yaml", "agent-mosquitto.yaml", "agent-policies.yaml",
+	"agent-modbus.yaml", "mosquitto.conf", "mosquitto.acl"}
 
 // debVersion is the package's version as nfpm writes it into the control
 // file: 1.2.0-rc1 becomes 1.2.0~rc1-1.

@@ -211,7 +211,7 @@ func TestDebLayout(t *testing.T) {
 	}
 	same(confFile, "configs/agent-production.yaml")
 	same(unitFile, "configs/edge-agent.service")
-	for _, ex := range []string{"mosquitto.conf", "mosquitto.acl", "agent-modbus.yaml", "agent-mosquitto.yaml"} {
+	for _, ex := range []string{"mosquitto.conf", "mosquitto.acl", "agent-modbus.yaml", "agent-mosquitto.yaml", "agent-coordinated.yaml"} {
 		same(docDir+"/examples/"+ex, "configs/"+ex)
 	}
 	// Gateways get no simulator on PATH.
@@ -259,6 +259,15 @@ func TestDebLayout(t *testing.T) {
 		t.Errorf("plugin: %v", err)
 	}
 	conf, _ := os.ReadFile(filepath.Join(root, confFile))
+	// The comments name the paths and the command that are this package's.
+	if unit, _ := os.ReadFile(filepath.Join(root, unitFile)); !bytes.Contains(unit, []byte("installs it as "+unitFile+";")) {
+		t.Errorf("the unit's comment does not name %s", unitFile)
+	}
+	for _, want := range []string{"edge-agent config check --config " + confFile, "/usr/lib/edge-agent/firmware-sim --devices pump-7:pump", "broker: tcp://127.0.0.1:1883"} {
+		if !bytes.Contains(conf, []byte(want)) {
+			t.Errorf("the packaged config's comments lack %q", want)
+		}
+	}
 	for _, want := range []string{"data_dir: /var/lib/edge-agent", "dir: /usr/lib/edge-agent/plugins", "broker: embedded", "embedded_listen: 127.0.0.1:"} {
 		if !bytes.Contains(conf, []byte(want)) {
 			t.Errorf("the packaged config lacks %q", want)
