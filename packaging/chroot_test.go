@@ -33,10 +33,9 @@ func TestDebLifecycleInAChroot(t *testing.T) {
 		t.Fatalf("EDGE_DEB_CHROOT=%s is not a Debian root: %v", root, err)
 	}
 	arch, goenv, _ := debArch(t)
-	bin, plugins := buildInputs(t, goenv)
 	var debs []string
 	for _, v := range []string{"1.0.0", "1.0.1"} {
-		deb, err := buildDeb(debOptions{Arch: arch, Version: v, BinDir: bin, PluginsDir: plugins, RepoDir: "..", OutDir: t.TempDir()})
+		deb, err := buildDeb(debInputs(t, arch, goenv, v, t.TempDir()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,6 +81,16 @@ func TestDebLifecycleInAChroot(t *testing.T) {
 	if got := in("dpkg-query", "-W", "-f=${Conffiles}", "edge-agent"); !strings.HasPrefix(got, "/etc/edge-agent/agent.yaml ") {
 		t.Errorf("conffiles: %q", got)
 	}
+	// deb-systemd-helper enabled the unit (no systemd runs in the root:
+	// the links are what systemd would find at boot).
+	wants := filepath.Join(root, "etc/systemd/system/multi-user.target.wants/edge-agent.service")
+	// (bookworm's links name /lib/systemd/system, the same directory.)
+	if dst, err := os.Readlink(wants); err != nil || filepath.Base(dst) != "edge-agent.service" {
+		t.Errorf("not enabled: %s -> %q %v", wants, dst, err)
+	} else if _, err := os.Stat(filepath.Join(root, dst)); err != nil {
+		t.Errorf("enabled as %s, which is not the unit: %v", dst, err)
+	}
+	mask := filepath.Join(root, "etc/systemd/system/edge-agent.service")
 
 	// The service's user runs the packaged agent on the packaged config.
 	script := `set -e
@@ -119,6 +128,9 @@ wait $pid
 
 	// Remove keeps the configuration and the state; purge deletes both.
 	in("dpkg", "-r", "edge-agent")
+	if dst, err := os.Readlink(mask); err != nil || dst != "/dev/null" {
+		t.Errorf("dpkg -r did not mask the unit: %q %v", dst, err)
+	}
 	if _, err := os.Stat(filepath.Join(root, "usr/bin/edge-agent")); err == nil {
 		t.Error("the binary survived dpkg -r")
 	}
@@ -128,6 +140,11 @@ wait $pid
 		}
 	}
 	in("dpkg", "-P", "edge-agent")
+	for _, p := range []string{mask, wants} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("dpkg -P left %s", p)
+		}
+	}
 	for _, p := range []string{"etc/edge-agent", "var/lib/edge-agent"} {
 		if _, err := os.Stat(filepath.Join(root, p)); err == nil {
 			t.Errorf("dpkg -P left %s", p)

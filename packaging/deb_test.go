@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"debug/elf"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,14 +50,22 @@ func run(t *testing.T, dir string, env []string, name string, args ...string) st
 }
 
 var inputs struct {
-	once         sync.Once
-	bin, plugins string
-	err          string
+	once              sync.Once
+	bin, man, plugins string
+	err               string
+}
+
+// debInputs are the options of a package built from buildInputs' files.
+func debInputs(t *testing.T, arch string, goenv []string, version, out string) debOptions {
+	t.Helper()
+	bin, man, plugins := buildInputs(t, goenv)
+	return debOptions{Arch: arch, Version: version, BinDir: bin, ManDir: man, PluginsDir: plugins, RepoDir: "..", OutDir: out}
 }
 
 // buildInputs builds the three programs (as make deb does: static,
-// trimmed, version injected) and one Go plugin, once for all tests.
-func buildInputs(t *testing.T, goenv []string) (bin, plugins string) {
+// trimmed, version injected), their man pages (as make deb does, with
+// their hidden man command) and one Go plugin, once for all tests.
+func buildInputs(t *testing.T, goenv []string) (bin, man, plugins string) {
 	t.Helper()
 	if _, err := exec.LookPath("dpkg-deb"); err != nil {
 		t.Skip("dpkg-deb not installed (apt-get install dpkg)")
@@ -66,12 +76,12 @@ func buildInputs(t *testing.T, goenv []string) (bin, plugins string) {
 			inputs.err = err.Error()
 			return
 		}
-		inputs.bin, inputs.plugins, inputs.err = build(tmp, goenv)
+		inputs.bin, inputs.man, inputs.plugins, inputs.err = build(tmp, goenv)
 	})
 	if inputs.err != "" {
 		t.Fatal(inputs.err)
 	}
-	return inputs.bin, inputs.plugins
+	return inputs.bin, inputs.man, inputs.plugins
 }
 
 func TestMain(m *testing.M) {
@@ -82,8 +92,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func build(tmp string, goenv []string) (bin, plugins, failure string) {
-	bin, plugins = filepath.Join(tmp, "bin"), filepath.Join(tmp, "plugins")
+func build(tmp string, goenv []string) (bin, man, plugins, failure string) {
+	bin, man, plugins = filepath.Join(tmp, "bin"), filepath.Join(tmp, "man"), filepath.Join(tmp, "plugins")
 	env := append([]string{"CGO_ENABLED=0", "GOOS=linux"}, goenv...)
 	ld := "-s -w -X main.Version=" + testVersion + " -X main.Commit=abc123 -X main.Date=2026-12-01T00:00:00Z"
 	goBuild := func(env []string, args ...string) string {
@@ -97,18 +107,23 @@ func build(tmp string, goenv []string) (bin, plugins, failure string) {
 	}
 	for _, p := range []struct{ name, pkg string }{{"edge-agent", "./cmd/edge-agent"}, {"edgectl", "./cmd/edgectl"}, {"firmware-sim", "./firmware-sim"}} {
 		if f := goBuild(env, "-trimpath", "-ldflags", ld, "-o", filepath.Join(bin, p.name), p.pkg); f != "" {
-			return "", "", f
+			return "", "", "", f
+		}
+	}
+	for _, p := range []string{"edge-agent", "edgectl"} {
+		cmd := exec.Command(filepath.Join(bin, p), "man", man)
+		cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=1796000000")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", "", "", fmt.Sprintf("%s man: %v\n%s", p, err, out)
 		}
 	}
 	f := goBuild([]string{"GOOS=wasip1", "GOARCH=wasm"}, "-buildmode=c-shared", "-o", filepath.Join(plugins, "range-limit.wasm"), "./plugins/range-limit")
-	return bin, plugins, f
+	return bin, man, plugins, f
 }
 
 func TestDebLayout(t *testing.T) {
 	arch, goenv, machine := debArch(t)
-	bin, plugins := buildInputs(t, goenv)
-	out := t.TempDir()
-	deb, err := buildDeb(debOptions{Arch: arch, Version: testVersion, BinDir: bin, PluginsDir: plugins, RepoDir: "..", OutDir: out})
+	deb, err := buildDeb(debInputs(t, arch, goenv, testVersion, t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,8 +176,8 @@ func TestDebLayout(t *testing.T) {
 	// The files, where the unit and the config expect them.
 	root := t.TempDir()
 	run(t, "", nil, "dpkg-deb", "-x", deb, root)
-	for _, p := range programs {
-		path := filepath.Join(root, binDir, p)
+	for p, in := range programs {
+		path := filepath.Join(root, in)
 		fi, err := os.Stat(path)
 		if err != nil || fi.Mode().Perm() != 0o755 {
 			t.Errorf("%s: %v %v", path, fi, err)
@@ -196,11 +211,63 @@ func TestDebLayout(t *testing.T) {
 	}
 	same(confFile, "configs/agent-production.yaml")
 	same(unitFile, "configs/edge-agent.service")
-	same(docDir+"/examples/mosquitto.conf", "configs/mosquitto.conf")
+	for _, ex := range []string{"mosquitto.conf", "mosquitto.acl", "agent-modbus.yaml", "agent-mosquitto.yaml", "agent-coordinated.yaml"} {
+		same(docDir+"/examples/"+ex, "configs/"+ex)
+	}
+	// Gateways get no simulator on PATH.
+	if _, err := os.Stat(filepath.Join(root, binDir, "firmware-sim")); err == nil {
+		t.Error("firmware-sim is in /usr/bin")
+	}
+	// Debian's documentation files, compressed as gzip -9n would.
+	gunzip := func(p string) string {
+		t.Helper()
+		f, err := os.Open(filepath.Join(root, p))
+		if err != nil {
+			t.Error(err)
+			return ""
+		}
+		defer f.Close()
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			return ""
+		}
+		if zr.Name != "" || !zr.ModTime.IsZero() {
+			t.Errorf("%s: gzip header has name %q, time %v", p, zr.Name, zr.ModTime)
+		}
+		b, err := io.ReadAll(zr)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+		return string(b)
+	}
+	if cl := gunzip(docDir + "/changelog.Debian.gz"); !strings.HasPrefix(cl, "edge-agent (9.8.7~rc1-1) unstable; urgency=medium\n") {
+		t.Errorf("changelog.Debian.gz:\n%s", cl)
+	}
+	for _, page := range []string{"edge-agent.1", "edge-agent-run.1", "edge-agent-config-check.1", "edgectl.1", "edgectl-send.1"} {
+		if m := gunzip(manDir + "/" + page + ".gz"); !strings.Contains(m, ".TH \""+strings.ToUpper(strings.TrimSuffix(page, ".1"))+"\" \"1\"") {
+			t.Errorf("man page %s:\n%.300s", page, m)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, manDir, "edge-agent-man.1.gz")); err == nil {
+		t.Error("the hidden man command has a page")
+	}
+	if b, err := os.ReadFile(filepath.Join(root, docDir, "copyright")); err != nil || !bytes.HasPrefix(b, []byte("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n")) {
+		t.Errorf("copyright: %v\n%s", err, b)
+	}
 	if b, err := os.ReadFile(filepath.Join(root, pluginsDir, "range-limit.wasm")); err != nil || !bytes.HasPrefix(b, []byte("\x00asm")) {
 		t.Errorf("plugin: %v", err)
 	}
 	conf, _ := os.ReadFile(filepath.Join(root, confFile))
+	// The comments name the paths and the command that are this package's.
+	if unit, _ := os.ReadFile(filepath.Join(root, unitFile)); !bytes.Contains(unit, []byte("installs it as "+unitFile+";")) {
+		t.Errorf("the unit's comment does not name %s", unitFile)
+	}
+	for _, want := range []string{"edge-agent config check --config " + confFile, "/usr/lib/edge-agent/firmware-sim --devices pump-7:pump", "broker: tcp://127.0.0.1:1883"} {
+		if !bytes.Contains(conf, []byte(want)) {
+			t.Errorf("the packaged config's comments lack %q", want)
+		}
+	}
 	for _, want := range []string{"data_dir: /var/lib/edge-agent", "dir: /usr/lib/edge-agent/plugins", "broker: embedded", "embedded_listen: 127.0.0.1:"} {
 		if !bytes.Contains(conf, []byte(want)) {
 			t.Errorf("the packaged config lacks %q", want)
@@ -231,11 +298,10 @@ func TestDebLayout(t *testing.T) {
 // The same inputs and SOURCE_DATE_EPOCH give the same bytes.
 func TestDebIsReproducible(t *testing.T) {
 	arch, goenv, _ := debArch(t)
-	bin, plugins := buildInputs(t, goenv)
 	t.Setenv("SOURCE_DATE_EPOCH", "1796000000")
 	var debs [][]byte
 	for i := 0; i < 2; i++ {
-		deb, err := buildDeb(debOptions{Arch: arch, Version: testVersion, BinDir: bin, PluginsDir: plugins, RepoDir: "..", OutDir: t.TempDir()})
+		deb, err := buildDeb(debInputs(t, arch, goenv, testVersion, t.TempDir()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +314,9 @@ func TestDebIsReproducible(t *testing.T) {
 	if !bytes.Equal(debs[0], debs[1]) {
 		t.Fatal("two builds of the same package differ")
 	}
-	if _, err := buildDeb(debOptions{Arch: "sparc", Version: testVersion, BinDir: bin, PluginsDir: plugins, RepoDir: ".."}); err == nil ||
+	sparc := debInputs(t, arch, goenv, testVersion, t.TempDir())
+	sparc.Arch = "sparc"
+	if _, err := buildDeb(sparc); err == nil ||
 		!strings.Contains(err.Error(), "amd64, arm64 or armhf") {
 		t.Fatalf("unknown arch: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edge-agent/edge-agent/internal/buildinfo"
+	"github.com/edge-agent/edge-agent/internal/manpage"
 )
 
 // Version, Commit and Date are set at build time by the Makefile
@@ -55,6 +56,7 @@ func main() {
 		Args:  usageArgs(cobra.NoArgs),
 		Run:   func(*cobra.Command, []string) { fmt.Println(versionLine()) },
 	})
+	root.AddCommand(manpage.Command(root, Version))
 	err := root.Execute()
 	if err == nil {
 		return

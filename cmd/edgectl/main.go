@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edge-agent/edge-agent/internal/buildinfo"
+	"github.com/edge-agent/edge-agent/internal/manpage"
 )
 
 // Version, Commit and Date are set at build time by the Makefile (-ldflags
@@ -60,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), historyCmd(), resolveCmd())
+	root.AddCommand(manpage.Command(root, Version))
 	err := root.Execute()
 	if err == nil {
 		return 0

@@ -167,6 +167,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("%w: mqtt.embedded_listen: %v", ErrConfig, err)
 		}
 		if err := a.brk.Start(ctx); err != nil {
+			if inUse := addrInUse(err, cfg.MQTT.EmbeddedListen); inUse != nil {
+				return inUse
+			}
 			return fmt.Errorf("embedded broker on %s: %w", cfg.MQTT.EmbeddedListen, err)
 		}
 		// The agent reaches its own broker on its own listener, whatever
