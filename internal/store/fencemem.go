@@ -190,11 +190,11 @@ var backupMu sync.Mutex
 // Backup writes a consistent copy of the store to w (bbolt's WriteTo of
 // one read transaction) and returns its size. The copy carries a backup
 // mark (Identity.Backup = note) that the live store does not: the mark is
-// committed, the copy's transaction begins, and the mark is removed again,
-// so a start on a restored copy knows it may have forgotten fences
-// (invariant 7). A crash between leaves the mark in the live store too: the
-// next start then takes the floor once more, which costs a new lock
-// generation, never a stale write. Backups run one at a time.
+// committed, the copy's transaction begins, and once the copy is written
+// the mark is removed again, so a start on a restored copy knows it may
+// have forgotten fences (invariant 7). A crash before that leaves the mark in the live store too: the next start then
+// takes the floor once more, which costs a new lock generation, never a
+// stale write. Backups run one at a time.
 func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, error) {
 	backupMu.Lock()
 	defer backupMu.Unlock()
@@ -213,9 +213,12 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, er
 	if err != nil {
 		return 0, fmt.Errorf("store: backup: %w", err)
 	}
-	unmark := mark(false)
 	n, err := btx.WriteTo(w)
+	// The copy's transaction ends before the unmark is committed: a
+	// commit that grows the file waits for every open read transaction,
+	// so the unmark, queued behind such a commit, would wait for ever.
 	btx.Rollback()
+	unmark := mark(false)
 	if err != nil {
 		return n, fmt.Errorf("store: backup: %w", err)
 	}
