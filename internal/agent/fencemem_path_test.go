@@ -3,11 +3,14 @@ package agent
 import (
 	"context"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/config"
+	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 )
 
@@ -97,4 +100,55 @@ func TestRecoveredWriteIsNotResentUntilTheFloor(t *testing.T) {
 	if last := rs[len(rs)-1]; last.Code != wire.CodeStaleFence || last.LastFence <= fence {
 		t.Fatalf("p on the copy: %s last_fence %d (%s), want stale_fence above %d", last.Code, last.LastFence, last.Reason, fence)
 	}
+}
+
+// blockedWriter takes nothing until open is closed, as an HTTP client that
+// stops reading; writing is closed at its first Write.
+type blockedWriter struct {
+	writing chan struct{}
+	once    *sync.Once
+	open    <-chan struct{}
+}
+
+func (w blockedWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.writing) })
+	<-w.open
+	return len(p), nil
+}
+
+// An online backup sent to a client that stops reading (GET /v1/backup)
+// does not hold the store: a commit that grows the file (bbolt remaps it
+// only once no read transaction is open) completes while the client
+// reads nothing, and so do the commands behind it (invariants 4 and 5:
+// the command path never waits on an admin client).
+func TestOnlineBackupToAStalledClient(t *testing.T) {
+	r := newRig(t, newFakeDriver(true))
+	open := make(chan struct{})
+	w := blockedWriter{writing: make(chan struct{}), once: &sync.Once{}, open: open}
+	backup := make(chan error, 1)
+	go func() { backup <- r.a.Backup(context.Background(), w) }()
+	defer func() {
+		close(open)
+		if err := <-backup; err != nil {
+			t.Errorf("backup: %v", err)
+		}
+	}()
+	select {
+	case <-w.writing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backup never wrote")
+	}
+	grew := r.st.Submit(context.Background(), func(tx *store.Tx) error {
+		return tx.PutDevice("pad", store.Device{State: []byte(`{"pad":"` + strings.Repeat("x", 4<<20) + `"}`)})
+	})
+	select {
+	case err := <-grew:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a commit that grows the store waits for a backup's client to read")
+	}
+	r.send("pump-1", set("after", 1, 100))
+	wantCode(t, r.pub.waitResults(t, "after", 1)[0], wire.CodeOK, 1)
 }
