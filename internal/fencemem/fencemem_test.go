@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/store"
 	"github.com/edge-agent/edge-agent/internal/testkit"
@@ -196,5 +198,62 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err := os.WriteFile(to, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A check-in that fails after the gateway is registered (here: etcd
+// refuses the agent's user the store record until an operator grants it)
+// leaves no registration behind: the next try registers again and checks
+// in, never taking its own earlier registration for a clone's.
+func TestCheckInRetriedAfterRegistering(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	ctx := context.Background()
+	root := c.Client(t)
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(root.RoleAdd(ctx, "agent"))
+	for _, p := range []string{"edge/gateways/", "edge/devices/"} {
+		must(root.RoleGrantPermission(ctx, "agent", p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)))
+	}
+	must(root.UserAdd(ctx, "agent", "agent-pw"))
+	must(root.UserGrantRole(ctx, "agent", "agent"))
+	must(root.UserAdd(ctx, "root", "root-pw"))
+	must(root.UserGrantRole(ctx, "root", "root"))
+	must(root.AuthEnable(ctx))
+	admin, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), Username: "root", Password: "root-pw", DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+
+	e := etcdConf(c.Endpoints())
+	e.Username, e.Password = "agent", "agent-pw"
+	m, s, err := run(t, e, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { m.Close(); s.Close() }()
+	if m.Confirmed("pump-7") || !strings.Contains(m.Status().Reason, "permission denied") {
+		t.Fatalf("before the grant: confirmed %v, %+v", m.Confirmed("pump-7"), m.Status())
+	}
+	must(admin.RoleGrantPermission(ctx, "agent", "edge/stores/", clientv3.GetPrefixRangeEnd("edge/stores/"), clientv3.PermissionType(clientv3.PermReadWrite)))
+	deadline := time.Now().Add(e.SessionTTL.D() + 10*time.Second)
+	for !m.Confirmed("pump-7") {
+		select {
+		case <-m.Failed():
+			t.Fatalf("the retried check-in failed: %v", m.Err())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never checked in: %+v", m.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := m.Status(); st.State != "connected" {
+		t.Fatalf("status %+v", st)
 	}
 }
