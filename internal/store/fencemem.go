@@ -198,7 +198,7 @@ var backupMu sync.Mutex
 func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, error) {
 	backupMu.Lock()
 	defer backupMu.Unlock()
-	mark := func(set bool) error {
+	mark := func(ctx context.Context, set bool) error {
 		return s.Update(ctx, func(tx *Tx) error {
 			if set {
 				return tx.fenceMem().Put(keyBackup, []byte(note))
@@ -206,7 +206,7 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, er
 			return tx.fenceMem().Delete(keyBackup)
 		})
 	}
-	if err := mark(true); err != nil {
+	if err := mark(ctx, true); err != nil {
 		return 0, err
 	}
 	btx, err := s.db.Begin(false)
@@ -218,7 +218,9 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, er
 	// commit that grows the file waits for every open read transaction,
 	// so the unmark, queued behind such a commit, would wait for ever.
 	btx.Rollback()
-	unmark := mark(false)
+	// Not cancelled with ctx (a client gone mid-copy): a mark left in the
+	// live store costs a needless floor at the next start.
+	unmark := mark(context.WithoutCancel(ctx), false)
 	if err != nil {
 		return n, fmt.Errorf("store: backup: %w", err)
 	}

@@ -211,3 +211,29 @@ func (w gatedWriter) Write(p []byte) (int, error) {
 	<-w.open
 	return len(p), nil
 }
+
+// cancelWriter cancels its context at its first Write, as a client that
+// goes away during a backup.
+type cancelWriter struct{ cancel context.CancelFunc }
+
+func (w cancelWriter) Write(p []byte) (int, error) {
+	w.cancel()
+	return len(p), nil
+}
+
+// A backup whose context ends while the copy is written (the client went
+// away) still removes the mark from the live store: a mark left there
+// would make the next start take a needless floor.
+func TestBackupCancelledLeavesNoMark(t *testing.T) {
+	s := openTest(t, nil)
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.Backup(ctx, cancelWriter{cancel}, "backup")
+		s.View(func(tx *Tx) error {
+			if b := tx.fenceMem().Get(keyBackup); b != nil {
+				t.Fatalf("backup %d: the live store keeps the mark %q", i, b)
+			}
+			return nil
+		})
+	}
+}
