@@ -17,7 +17,7 @@ import (
 )
 
 // floorCmd is `edge-agent fence floor` (docs/protocol.md §7): offline, it
-// raises (never lowers) last_fence to N or to etcd's current revision,
+// raises (never lowers) last_fence to N or above etcd's current revision,
 // with an audit entry, for a store whose memory an operator knows to be
 // incomplete.
 func floorCmd() *cobra.Command {
@@ -28,7 +28,7 @@ func floorCmd() *cobra.Command {
 		Use:   "floor",
 		Short: "Raise last_fence to N or to etcd's revision, with an audit entry (the agent must be stopped)",
 		Long: `Raise a device's last_fence (--device DEV, or every device the store holds:
---all) to N (--to N) or to the etcd cluster's current revision
+--all) to N (--to N) or to the etcd cluster's current revision + 1
 (--from-etcd, with --etcd URLS), never lowering it, and record the act as
 an audit entry "fence-floor:..." in the device's history.
 
@@ -59,7 +59,10 @@ Offline only: while an agent holds the store this exits 1 within 2 s.`,
 				if err != nil {
 					return fmt.Errorf("fence floor: %w", err)
 				}
-				to = rev
+				// Above every fence issued so far: equal fences pass, and
+				// the current holder's lock key may be etcd's last write
+				// (keep-alives do not move the revision).
+				to = rev + 1
 			}
 			return fenceFloor(cmd, filepath.Join(dataDir, "agent.db"), dev, to, reason)
 		},
@@ -68,7 +71,7 @@ Offline only: while an agent holds the store this exits 1 within 2 s.`,
 	c.Flags().StringVar(&dev, "device", "", "the device")
 	c.Flags().BoolVar(&all, "all", false, "every device the store holds")
 	c.Flags().Int64Var(&to, "to", 0, "the floor")
-	c.Flags().BoolVar(&fromEtcd, "from-etcd", false, "the floor is etcd's current revision (read linearizably)")
+	c.Flags().BoolVar(&fromEtcd, "from-etcd", false, "the floor is etcd's current revision + 1 (read linearizably): above every fence issued so far")
 	c.Flags().StringVar(&etcd, "etcd", "", "etcd endpoints for --from-etcd, comma-separated")
 	c.Flags().StringVar(&reason, "reason", "", "why (recorded in the audit entry)")
 	return c

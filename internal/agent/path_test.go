@@ -17,6 +17,7 @@ import (
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/fencemem"
 	"github.com/edge-agent/edge-agent/internal/store"
 )
 
@@ -37,20 +38,25 @@ type fakeDriver struct {
 	log      []string          // "apply <op>", "query <op> ok|err", in order
 	applied  map[string]string // key -> op_id of every write that took effect
 	hang     map[string]bool   // op_id -> Apply waits for its context
+	lose     map[string]bool   // op_id -> its next Apply is lost on the way (no effect) and waits for its context
 	queryErr error             // non-nil: Query fails with it
 	entered  chan string       // op_id of each Apply, as it starts
 }
 
 func newFakeDriver(queryable bool) *fakeDriver {
 	return &fakeDriver{queryable: queryable, bound: 200 * time.Millisecond, applied: map[string]string{},
-		hang: map[string]bool{}, entered: make(chan string, 64)}
+		hang: map[string]bool{}, lose: map[string]bool{}, entered: make(chan string, 64)}
 }
 
 func (d *fakeDriver) Apply(ctx context.Context, w device.Write) device.WriteResult {
 	d.mu.Lock()
 	d.log = append(d.log, "apply "+w.OpID)
-	d.applied[w.Key] = w.OpID
-	hang := d.hang[w.OpID]
+	lost := d.lose[w.OpID]
+	delete(d.lose, w.OpID)
+	if !lost {
+		d.applied[w.Key] = w.OpID
+	}
+	hang := d.hang[w.OpID] || lost
 	d.mu.Unlock()
 	d.entered <- w.OpID
 	if hang {
@@ -217,16 +223,26 @@ type rig struct {
 	st   *store.Store
 	a    *Agent
 	acks atomic.Int64
+	// coord, when set, is the coordination the next start checks the
+	// store's fence memory with (a real internal/fencemem.Memory).
+	coord *config.Etcd
+	fm    *fencemem.Memory
 }
 
 func newRig(t *testing.T, drv *fakeDriver) *rig {
+	t.Helper()
+	return newCoordRig(t, drv, nil)
+}
+
+// newCoordRig is newRig with coordination (nil: none).
+func newCoordRig(t *testing.T, drv *fakeDriver, coord *config.Etcd) *rig {
 	t.Helper()
 	dir := t.TempDir()
 	cfg, err := config.Parse([]byte(fmt.Sprintf(testConfig, dir)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, cfg: cfg, path: filepath.Join(dir, "agent.db"), drv: drv, pub: &recPublisher{}}
+	r := &rig{t: t, cfg: cfg, path: filepath.Join(dir, "agent.db"), drv: drv, pub: &recPublisher{}, coord: coord}
 	r.start(r.path)
 	t.Cleanup(func() {
 		r.pub.mu.Lock()
@@ -251,11 +267,27 @@ func (r *rig) start(path string) {
 	for _, d := range r.cfg.Devices {
 		drivers[d.ID] = r.drv
 	}
+	var fences FenceMemory
+	if r.coord != nil {
+		var ids []string
+		for _, d := range r.cfg.Devices {
+			ids = append(ids, d.ID)
+		}
+		r.fm = fencemem.New(fencemem.Options{Etcd: r.coord, Gateway: testGW, Devices: ids, Store: st,
+			Logger: slog.New(slog.DiscardHandler), Retry: 50 * time.Millisecond})
+		if err := r.fm.Start(context.Background()); err != nil {
+			r.t.Fatal(err)
+		}
+		fences = r.fm
+	}
 	a, err := New(Options{Gateway: resolvedGateway(r.cfg), Devices: resolvedDevices(r.cfg), Store: st, Publisher: r.pub, Drivers: drivers,
 		Logger: slog.New(slog.DiscardHandler), QueryWait: func(int) time.Duration { return time.Millisecond },
-		ResendWait: func(int) time.Duration { return time.Millisecond }})
+		ResendWait: func(int) time.Duration { return time.Millisecond }, Fences: fences})
 	if err != nil {
 		r.t.Fatal(err)
+	}
+	if r.fm != nil {
+		r.fm.OnFloor(a.FloorTaken)
 	}
 	if err := a.Start(context.Background()); err != nil {
 		r.t.Fatal(err)
@@ -274,6 +306,10 @@ func (r *rig) stop(within time.Duration) {
 	defer cancel()
 	if err := r.a.Stop(ctx); err != nil {
 		r.t.Errorf("stop: %v", err)
+	}
+	if r.fm != nil {
+		r.fm.Close()
+		r.fm = nil
 	}
 	if err := r.st.Close(); err != nil {
 		r.t.Errorf("store close: %v", err)

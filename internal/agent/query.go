@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -296,11 +298,34 @@ func (a *Agent) Done() <-chan struct{} { return a.ctx.Done() }
 // Backup writes a consistent copy of the store to w (GET /v1/backup,
 // `edge-agent backup --admin`). The copy carries a backup mark, so a start
 // on it takes the fence floor (store.Backup, invariant 7).
+//
+// The copy is written to a file next to the store first and sent from
+// there: written straight to w, its read transaction would stay open as
+// long as the client takes to read, and every commit that grows the file
+// (bbolt remaps it only when no read transaction is open) would wait for
+// the client, and the command path with it.
 func (a *Agent) Backup(ctx context.Context, w io.Writer) error {
 	note := fmt.Sprintf("online backup of gateway %s at %s", a.cfg.GatewayID, a.now().UTC().Format(time.RFC3339))
-	_, err := a.st.Backup(ctx, w, note)
+	err := a.backup(ctx, w, note)
 	if err != nil {
 		a.log.Error("backup failed", "err", err)
 	}
+	return err
+}
+
+func (a *Agent) backup(ctx context.Context, w io.Writer, note string) error {
+	f, err := os.CreateTemp(filepath.Dir(a.st.Path()), ".backup-*.db")
+	if err != nil {
+		return fmt.Errorf("agent: backup: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if _, err := a.st.Backup(ctx, f, note); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("agent: backup: %w", err)
+	}
+	_, err = io.Copy(w, f)
 	return err
 }

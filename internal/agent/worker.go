@@ -354,6 +354,9 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 			if err := w.pause(a.resendWait(o.Keys)); err != nil {
 				return false, err
 			}
+			if err := w.awaitConfirmed(rt, &o); err != nil {
+				return false, err
+			}
 			o.WasUnknown = true
 			dec = BeforeResend(&o, a.now())
 		default:
@@ -372,6 +375,27 @@ func (w *worker) pause(d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// awaitConfirmed waits, before a resend, until the device's fences are
+// confirmed (docs/protocol.md §7). A write recovered pending from a store
+// whose memory may be incomplete (a copy put back, a restored backup) was
+// never checked against the fence floor: the agent may since have resent
+// and applied it under another key that this store does not know. So it
+// is not sent again before the floor is taken, and pend's Refloored then
+// judges it against the floor (invariants 2 and 7). The write stays
+// unresolved meanwhile, holding its device (invariant 6).
+func (w *worker) awaitConfirmed(rt *devRT, o *store.Op) error {
+	for logged := false; w.a.rules(rt).Unconfirmed; logged = true {
+		if !logged {
+			w.a.log.Warn("a write the device confirmed unapplied is not sent again until the device's fence floor is taken",
+				"device", o.Device, "op_id", o.OpID)
+		}
+		if err := w.pause(200 * time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // resendWait is the pause before the n-th resend: exponential from 200ms,

@@ -425,6 +425,12 @@ func (m *Memory) checkIn(ctx context.Context) error {
 	m.sess = sess
 	m.mu.Unlock()
 	if err := m.confirm(ctx); err != nil {
+		// The registration and claims go with the session, so the next
+		// try (a new session) does not take them for a live clone's.
+		m.mu.Lock()
+		m.sess = nil
+		m.mu.Unlock()
+		sess.Close()
 		return err
 	}
 	m.setState("connected", "")

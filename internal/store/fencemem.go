@@ -190,15 +190,15 @@ var backupMu sync.Mutex
 // Backup writes a consistent copy of the store to w (bbolt's WriteTo of
 // one read transaction) and returns its size. The copy carries a backup
 // mark (Identity.Backup = note) that the live store does not: the mark is
-// committed, the copy's transaction begins, and the mark is removed again,
-// so a start on a restored copy knows it may have forgotten fences
-// (invariant 7). A crash between leaves the mark in the live store too: the
-// next start then takes the floor once more, which costs a new lock
-// generation, never a stale write. Backups run one at a time.
+// committed, the copy's transaction begins, and once the copy is written
+// the mark is removed again, so a start on a restored copy knows it may
+// have forgotten fences (invariant 7). A crash before that leaves the mark in the live store too: the next start then
+// takes the floor once more, which costs a new lock generation, never a
+// stale write. Backups run one at a time.
 func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, error) {
 	backupMu.Lock()
 	defer backupMu.Unlock()
-	mark := func(set bool) error {
+	mark := func(ctx context.Context, set bool) error {
 		return s.Update(ctx, func(tx *Tx) error {
 			if set {
 				return tx.fenceMem().Put(keyBackup, []byte(note))
@@ -206,16 +206,21 @@ func (s *Store) Backup(ctx context.Context, w io.Writer, note string) (int64, er
 			return tx.fenceMem().Delete(keyBackup)
 		})
 	}
-	if err := mark(true); err != nil {
+	if err := mark(ctx, true); err != nil {
 		return 0, err
 	}
 	btx, err := s.db.Begin(false)
 	if err != nil {
 		return 0, fmt.Errorf("store: backup: %w", err)
 	}
-	unmark := mark(false)
 	n, err := btx.WriteTo(w)
+	// The copy's transaction ends before the unmark is committed: a
+	// commit that grows the file waits for every open read transaction,
+	// so the unmark, queued behind such a commit, would wait for ever.
 	btx.Rollback()
+	// Not cancelled with ctx (a client gone mid-copy): a mark left in the
+	// live store costs a needless floor at the next start.
+	unmark := mark(context.WithoutCancel(ctx), false)
 	if err != nil {
 		return n, fmt.Errorf("store: backup: %w", err)
 	}

@@ -132,3 +132,108 @@ func TestCorruptStoreIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A backup never waits on itself. A commit that needs the file mapped
+// larger (bbolt remaps it) waits for every open read transaction to end;
+// the backup's copy is one such transaction, so a commit queued between
+// the backup's mark and its unmark that grows the file must not be what
+// the backup waits for before the copy's transaction ends. (It was: the
+// unmark commit waited behind the growing one, which waited for the
+// copy's transaction, which waited for the unmark: the commit loop hung
+// for good, and with it every command.)
+func TestBackupWhileACommitGrowsTheFile(t *testing.T) {
+	s := openTest(t, &Options{MaxBatch: 1})
+	ctx := context.Background()
+	gate := make(chan struct{})
+	holding := make(chan struct{})
+	blocked := s.Submit(ctx, func(*Tx) error { close(holding); <-gate; return nil }) // holds the commit loop
+	<-holding
+	// Closed when the growing commit has seen the copy's transaction open.
+	sawCopy := make(chan struct{})
+	backup := make(chan error, 1)
+	go func() {
+		_, err := s.Backup(ctx, gatedWriter{sawCopy}, "backup")
+		backup <- err
+	}()
+	waitQueued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for len(s.reqs) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d updates queued, want %d", len(s.reqs), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitQueued(1) // the backup's mark
+	// Queued behind the mark: a write too big for the file as mapped. It
+	// commits once the copy's transaction is open (the copy is not
+	// written before), so its growth waits for that transaction.
+	grew := s.Submit(ctx, func(tx *Tx) error {
+		deadline := time.Now().Add(10 * time.Second)
+		for s.db.Stats().OpenTxN == 0 {
+			if time.Now().After(deadline) {
+				return errors.New("the copy's transaction never began")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		close(sawCopy)
+		return tx.PutDevice("big", Device{State: []byte(`{"pad":"` + strings.Repeat("x", 1<<20) + `"}`)})
+	})
+	waitQueued(2)
+	close(gate)
+	if err := <-blocked; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-backup:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the backup never finished: its unmark waits behind a commit that waits for the copy's transaction to end")
+	}
+	if err := <-grew; err != nil {
+		t.Fatal(err)
+	}
+	s.View(func(tx *Tx) error {
+		if id, _ := tx.Identity(); id.Backup != "" {
+			t.Errorf("the live store keeps the backup mark: %+v", id)
+		}
+		return nil
+	})
+}
+
+// gatedWriter discards what it is given once open is closed.
+type gatedWriter struct{ open <-chan struct{} }
+
+func (w gatedWriter) Write(p []byte) (int, error) {
+	<-w.open
+	return len(p), nil
+}
+
+// cancelWriter cancels its context at its first Write, as a client that
+// goes away during a backup.
+type cancelWriter struct{ cancel context.CancelFunc }
+
+func (w cancelWriter) Write(p []byte) (int, error) {
+	w.cancel()
+	return len(p), nil
+}
+
+// A backup whose context ends while the copy is written (the client went
+// away) still removes the mark from the live store: a mark left there
+// would make the next start take a needless floor.
+func TestBackupCancelledLeavesNoMark(t *testing.T) {
+	s := openTest(t, nil)
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.Backup(ctx, cancelWriter{cancel}, "backup")
+		s.View(func(tx *Tx) error {
+			if b := tx.fenceMem().Get(keyBackup); b != nil {
+				t.Fatalf("backup %d: the live store keeps the mark %q", i, b)
+			}
+			return nil
+		})
+	}
+}
