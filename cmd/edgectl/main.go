@@ -59,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), historyCmd(), resolveCmd())
+	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), historyCmd(), resolveCmd(), fleetCmd())
 	err := root.Execute()
 	if err == nil {
 		return 0
