@@ -111,7 +111,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	pm := newProcessMetrics(a.reg, a.o.Version, a.mqttConnected)
+	pm := newProcessMetrics(a.reg, cfg.GatewayID, a.o.Version, a.mqttConnected)
 	a.boot.set("opening the store")
 	if cfg.Admin.Listen != "" {
 		a.ln, err = net.Listen("tcp", cfg.Admin.Listen)
