@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -197,6 +198,14 @@ func TestFleetDirectory(t *testing.T) {
 	}
 	if d := rows["gw-b"].Devices[0]; d.LastOpID != "ctl-b" || !strings.Contains(string(d.State), `"rpm":400`) {
 		t.Fatalf("edgectl fleet, pump-b's state: %+v", d)
+	}
+	code, out = runEdgectl(t, "fleet", "--etcd", strings.Join(etcd.Endpoints(), ","), "--broker", mosq.URL())
+	t.Logf("edgectl fleet:\n%s", out)
+	for _, re := range []string{`(?m)^gw-a\s+online\s+active\s`, `(?m)^gw-b\s+online\s+active\s`,
+		fmt.Sprintf(`(?m)^\s+pump-b\s+true\s+%d\s+ctl-b\s+\{`, fence)} {
+		if code != 0 || !regexp.MustCompile(re).MatchString(out) {
+			t.Fatalf("edgectl fleet's table: exit %d, no line matching %s\n%s", code, re, out)
+		}
 	}
 
 	gb.proc.Signal(syscall.SIGTERM)
