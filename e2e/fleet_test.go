@@ -188,7 +188,14 @@ func TestFleetDirectory(t *testing.T) {
 		}
 		return m
 	}
-	rows := fleet()
+	// A device's retained state is published after its Result, and at
+	// most so often: poll until each shows its last command.
+	var rows map[string]fleetRow
+	testkit.Eventually(t, 15*time.Second, "the retained states after fleet-pump-a and ctl-b", func() bool {
+		rows = fleet()
+		a, b := rows["gw-a"].Devices, rows["gw-b"].Devices
+		return len(a) == 1 && a[0].LastOpID == "fleet-pump-a" && len(b) == 1 && b[0].LastOpID == "ctl-b"
+	})
 	for _, g := range []struct{ id, dev string }{{"gw-a", "pump-a"}, {"gw-b", "pump-b"}} {
 		r := rows[g.id]
 		if !r.Registered || !r.Online || r.Role != "active" || r.Host == "" || r.Version == "" || r.StartedAt.IsZero() ||
