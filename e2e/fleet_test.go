@@ -18,6 +18,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/controller/wire/jws"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
@@ -249,4 +250,46 @@ type fleetRow struct {
 		LastOpID  string          `json:"last_op_id"`
 		State     json.RawMessage `json:"state"`
 	} `json:"devices"`
+}
+
+// edgectl fleet reads a gateway's signed DeviceStates (security.result_key_file):
+// without --gateway-key as watch does (unverified), with the gateway's key
+// taking them, and with another key dropping them (the gateway is still
+// listed, online, from its status topic, which is never signed).
+func TestFleetReadsSignedStates(t *testing.T) {
+	dir := t.TempDir()
+	privPEM, pubPEM, _ := jws.GenerateKey()
+	_, otherPEM, _ := jws.GenerateKey()
+	keyFile, pubFile, otherFile := filepath.Join(dir, "gw.key"), filepath.Join(dir, "gw.pub"), filepath.Join(dir, "other.pub")
+	for f, b := range map[string][]byte{keyFile: privPEM, pubFile: pubPEM, otherFile: otherPEM} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newEnv(t, pump("pump-7"))
+	e.extra = "security:\n  result_key_file: " + keyFile + "\n"
+	e.start()
+	e.send("pump-7", cmd("signed-1", 3, "set", `{"rpm":500}`)) // its Result is signed: the state below shows it applied
+	etcd := etcdtest.Start(t, 1)
+
+	fleet := func(extra ...string) fleetRow {
+		t.Helper()
+		args := append([]string{"fleet", "--etcd", strings.Join(etcd.Endpoints(), ","), "--broker", e.broker, "--json"}, extra...)
+		code, out := runEdgectl(t, args...)
+		var rows []fleetRow
+		if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 1 || rows[0].Gateway != gw || !rows[0].Online {
+			t.Fatalf("edgectl fleet %v: exit %d\n%s", extra, code, out)
+		}
+		return rows[0]
+	}
+	testkit.Eventually(t, 15*time.Second, "pump-7's signed state, verified", func() bool {
+		d := fleet("--gateway-key", pubFile).Devices
+		return len(d) == 1 && d[0].LastOpID == "signed-1" && strings.Contains(string(d[0].State), `"rpm":500`)
+	})
+	if d := fleet().Devices; len(d) != 1 || d[0].LastOpID != "signed-1" {
+		t.Fatalf("without --gateway-key: %+v", d)
+	}
+	if d := fleet("--gateway-key", otherFile).Devices; len(d) != 0 {
+		t.Fatalf("with another gateway's key, the state was taken: %+v", d)
+	}
 }

@@ -217,14 +217,21 @@ func retained(ctx context.Context, co controller.ConnOptions, prefix string, wai
 				return
 			}
 			b := m.Payload()
-			if jws.Looks(b) {
-				tok, err := jws.Parse(b)
-				if err != nil || co.ResultKey != nil && tok.Verify(co.ResultKey) != nil {
+			parts := strings.Split(strings.TrimPrefix(m.Topic(), prefix+"/"), "/")
+			// A signed DeviceState is read as watch reads it; with
+			// --gateway-key, only a state that key signed for the topic's
+			// gateway is taken. (The status topic is never signed.)
+			if len(parts) == 4 {
+				if jws.Looks(b) {
+					tok, err := jws.Parse(b)
+					if err != nil || co.ResultKey != nil && (tok.Header.Kid != parts[0] || tok.Verify(co.ResultKey) != nil) {
+						return
+					}
+					b = tok.Payload
+				} else if co.ResultKey != nil {
 					return
 				}
-				b = tok.Payload
 			}
-			parts := strings.Split(strings.TrimPrefix(m.Topic(), prefix+"/"), "/")
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
