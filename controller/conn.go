@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,14 @@ import (
 
 // ConnOptions configure Dial.
 type ConnOptions struct {
-	// Broker URL, e.g. tcp://127.0.0.1:1883. Required.
+	// Broker URL, e.g. tcp://127.0.0.1:1883. Required unless Brokers is
+	// set; not both.
 	Broker string
+	// Brokers are the nodes of one broker cluster: every connection
+	// attempt (the first and each one after a loss) tries them in this
+	// order and keeps the first that accepts (paho's behaviour), so the
+	// Conn moves to the next node when its node is lost. Nil: Broker.
+	Brokers []string
 	// Gateway is the agent's gateway_id. Required.
 	Gateway string
 	// Prefix is the agent's mqtt.topic_prefix. Zero means "edge".
@@ -49,6 +56,18 @@ type ConnOptions struct {
 	// a controller away from its Results for minutes after a few broker
 	// restarts in a row (found by the chaos campaign, docs/testing.md).
 	MaxReconnectInterval time.Duration
+}
+
+// BrokerURLs are the brokers Dial tries, in order: Brokers, or Broker
+// alone.
+func (o ConnOptions) BrokerURLs() []string {
+	if len(o.Brokers) > 0 {
+		return o.Brokers
+	}
+	if o.Broker == "" {
+		return nil
+	}
+	return []string{o.Broker}
 }
 
 // Conn is a controller's MQTT connection: it publishes commands and
@@ -86,9 +105,13 @@ func ReplyTopic(prefix, gateway, controllerID string) string {
 // broker) when that does not happen within ConnectTimeout or before ctx
 // ends.
 func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
-	if opts.Broker == "" || opts.Gateway == "" {
+	if opts.Broker == "" && len(opts.Brokers) == 0 || opts.Gateway == "" {
 		return nil, fmt.Errorf("%w: broker and gateway are required", ErrConnect)
 	}
+	if opts.Broker != "" && len(opts.Brokers) > 0 {
+		return nil, fmt.Errorf("%w: set Broker or Brokers, not both", ErrConnect)
+	}
+	brokers := strings.Join(opts.BrokerURLs(), ",")
 	if opts.Prefix == "" {
 		opts.Prefix = wire.DefaultPrefix
 	}
@@ -111,9 +134,11 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 		return nil, fmt.Errorf("%w: reply topic %q is not valid", ErrConnect, c.reply)
 	}
 	subscribed := make(chan error, 1)
-	po := paho.NewClientOptions().
-		AddBroker(opts.Broker).
-		SetClientID(opts.ControllerID).
+	po := paho.NewClientOptions()
+	for _, b := range opts.BrokerURLs() {
+		po.AddBroker(b)
+	}
+	po.SetClientID(opts.ControllerID).
 		SetCleanSession(true).
 		SetOrderMatters(false).
 		SetAutoReconnect(true).
@@ -153,11 +178,11 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 	case <-tok.Done():
 	case <-ctx.Done():
 		c.cli.Disconnect(0)
-		return nil, fmt.Errorf("%w %s: %w", ErrConnect, opts.Broker, ctx.Err())
+		return nil, fmt.Errorf("%w %s: %w", ErrConnect, brokers, ctx.Err())
 	}
 	if err := tok.Error(); err != nil {
 		c.cli.Disconnect(0)
-		return nil, fmt.Errorf("%w %s: %w", ErrConnect, opts.Broker, err)
+		return nil, fmt.Errorf("%w %s: %w", ErrConnect, brokers, err)
 	}
 	t := time.NewTimer(opts.ConnectTimeout)
 	defer t.Stop()
@@ -165,14 +190,14 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 	case err := <-subscribed:
 		if err != nil {
 			c.cli.Disconnect(0)
-			return nil, fmt.Errorf("%w %s: %w", ErrConnect, opts.Broker, err)
+			return nil, fmt.Errorf("%w %s: %w", ErrConnect, brokers, err)
 		}
 	case <-t.C:
 		c.cli.Disconnect(0)
-		return nil, fmt.Errorf("%w %s: reply subscription not confirmed within %v", ErrConnect, opts.Broker, opts.ConnectTimeout)
+		return nil, fmt.Errorf("%w %s: reply subscription not confirmed within %v", ErrConnect, brokers, opts.ConnectTimeout)
 	case <-ctx.Done():
 		c.cli.Disconnect(0)
-		return nil, fmt.Errorf("%w %s: %w", ErrConnect, opts.Broker, ctx.Err())
+		return nil, fmt.Errorf("%w %s: %w", ErrConnect, brokers, ctx.Err())
 	}
 	return c, nil
 }

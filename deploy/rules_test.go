@@ -88,3 +88,60 @@ func TestDashboardShape(t *testing.T) {
 		}
 	}
 }
+
+// The dashboard serves a fleet: a gateway variable (from
+// edge_agent_gateway_info) that narrows the instance variable every panel
+// filters on, and a fleet row of gateways online, gateways down (the
+// EdgeAgentGatewayDown expression) and held writes per gateway.
+func TestDashboardFleetRow(t *testing.T) {
+	b, err := os.ReadFile("grafana/edge-agent.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Definition
+	}
+	if vars["gateway"] != "label_values(edge_agent_gateway_info, gateway)" || !strings.Contains(vars["instance"], `gateway=~"$gateway"`) {
+		t.Fatalf("variables: %v", vars)
+	}
+	rules, err := os.ReadFile("prometheus/edge-agent-rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet := map[string]string{}
+	for _, p := range d.Panels {
+		if strings.HasPrefix(p.Title, "Fleet: ") {
+			fleet[p.Title] = p.Targets[0].Expr
+		}
+	}
+	for title, want := range map[string]string{
+		"Fleet: gateways online":                 "edge_agent_mqtt_connected",
+		"Fleet: gateways down":                   "unless on (instance) (up{job=\"edge-agent\"} == 1 and on (instance) edge_agent_mqtt_connected == 1)",
+		"Fleet: writes held unknown per gateway": "sum by (gateway) (edge_agent_writes_held_unknown",
+	} {
+		if !strings.Contains(fleet[title], want) || !strings.Contains(fleet[title], `edge_agent_gateway_info{gateway=~"$gateway"}`) {
+			t.Errorf("panel %q: %q, want it to use %q by gateway", title, fleet[title], want)
+		}
+	}
+	if down := fleet["Fleet: gateways down"]; !strings.Contains(string(rules), "unless on (instance) (up{job=\"edge-agent\"} == 1 and on (instance) edge_agent_mqtt_connected == 1)") || down == "" {
+		t.Error("the gateways-down panel and the EdgeAgentGatewayDown alert must agree")
+	}
+}

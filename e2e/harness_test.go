@@ -83,6 +83,7 @@ type env struct {
 	dataDir string
 	cfgPath string
 	extra   string // extra top-level YAML
+	brokers string // mqtt.brokers, a YAML flow list; "": mqtt.broker is broker
 	adminAt string // admin.listen; "": 127.0.0.1:0
 
 	app  *app.App
@@ -142,7 +143,11 @@ func newEnv(t testing.TB, devs ...devSpec) *env {
 
 func (e *env) writeConfig() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  broker: %s\n  client_id: edge-agent-e2e\n", gw, e.dataDir, e.broker)
+	brokerKey := "broker: " + e.broker
+	if e.brokers != "" {
+		brokerKey = "brokers: " + e.brokers
+	}
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  %s\n  client_id: edge-agent-e2e\n", gw, e.dataDir, brokerKey)
 	adminAt := e.adminAt
 	if adminAt == "" {
 		adminAt = "127.0.0.1:0"

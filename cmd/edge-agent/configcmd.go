@@ -51,7 +51,7 @@ each naming its key; exit 0 when there is none, 2 otherwise.`,
 				}
 			}
 			fmt.Fprintf(out, "%s: ok: gateway %s, %d devices (%d groups, %d with a policy), broker %s, data_dir %s, admin %q\n",
-				path, cfg.GatewayID, len(cfg.Devices), len(groups), bound, cfg.MQTT.Broker, cfg.DataDir, cfg.Admin.Listen)
+				path, cfg.GatewayID, len(cfg.Devices), len(groups), bound, strings.Join(cfg.MQTT.BrokerURLs(), ","), cfg.DataDir, cfg.Admin.Listen)
 			return nil
 		},
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -83,7 +84,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		case err := <-mqttErr:
 			mqttErr = nil
 			if err != nil && ctx.Err() == nil {
-				log.Error("mqtt: could not connect", "broker", cfg.MQTT.Broker, "err", err)
+				log.Error("mqtt: could not connect", "broker", strings.Join(cfg.MQTT.BrokerURLs(), ","), "err", err)
 			} else if err == nil {
 				log.Info("mqtt: connected and subscribed")
 			}

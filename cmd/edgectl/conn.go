@@ -21,7 +21,7 @@ type mqttFlags struct {
 }
 
 func (m *mqttFlags) add(fl *pflag.FlagSet) {
-	fl.StringVar(&m.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 or ssl://host:8883 (or EDGECTL_BROKER)")
+	fl.StringVar(&m.broker, "broker", "", "MQTT broker URL, e.g. tcp://127.0.0.1:1883 or ssl://host:8883, or the nodes of one cluster comma-separated (or EDGECTL_BROKER)")
 	fl.StringVar(&m.cafile, "cafile", "", "CA certificate (PEM) to trust for an ssl:// broker")
 	fl.StringVar(&m.cert, "cert", "", "client certificate (PEM), with --key")
 	fl.StringVar(&m.key, "key", "", "client certificate's private key (PEM), with --cert")
@@ -41,9 +41,22 @@ func (m *mqttFlags) options(gateway, prefix string) (controller.ConnOptions, err
 	env(&m.broker, "EDGECTL_BROKER")
 	env(&m.username, "EDGECTL_USERNAME")
 	env(&m.passwordFile, "EDGECTL_PASSWORD_FILE")
-	o := controller.ConnOptions{Broker: m.broker, Gateway: gateway, Prefix: prefix, Username: m.username}
+	o := controller.ConnOptions{Gateway: gateway, Prefix: prefix, Username: m.username}
 	if m.broker == "" {
 		return o, usagef("--broker is required (or EDGECTL_BROKER)")
+	}
+	nodes := strings.Split(m.broker, ",")
+	if len(nodes) == 1 {
+		o.Broker = m.broker
+	} else {
+		o.Brokers = nodes
+	}
+	secure := true
+	for _, b := range nodes {
+		if b == "" {
+			return o, usagef("--broker %q: an empty URL in the list", m.broker)
+		}
+		secure = secure && (strings.HasPrefix(b, "ssl://") || strings.HasPrefix(b, "tls://") || strings.HasPrefix(b, "mqtts://"))
 	}
 	if m.passwordFile != "" {
 		b, err := os.ReadFile(m.passwordFile)
@@ -55,7 +68,6 @@ func (m *mqttFlags) options(gateway, prefix string) (controller.ConnOptions, err
 	if (m.cert == "") != (m.key == "") {
 		return o, usagef("--cert and --key go together")
 	}
-	secure := strings.HasPrefix(m.broker, "ssl://") || strings.HasPrefix(m.broker, "tls://") || strings.HasPrefix(m.broker, "mqtts://")
 	if m.cafile != "" || m.cert != "" {
 		if !secure {
 			return o, usagef("--cafile, --cert and --key need an ssl:// broker, not %q", m.broker)

@@ -60,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
-	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), historyCmd(), resolveCmd())
+	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), historyCmd(), resolveCmd(), fleetCmd())
 	root.AddCommand(manpage.Command(root, Version))
 	err := root.Execute()
 	if err == nil {

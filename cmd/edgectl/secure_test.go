@@ -76,10 +76,16 @@ func TestConnectionFlagsAndEnvironment(t *testing.T) {
 	if o, _ = m.options("gw", "edge"); o.Broker != "tcp://h:1" || o.Username != "flag-user" {
 		t.Fatalf("flags win over the environment: %+v", o)
 	}
+	m = mqttFlags{broker: "tcp://n1:1,tcp://n2:1"}
+	if o, err = m.options("gw", "edge"); err != nil || o.Broker != "" || strings.Join(o.Brokers, " ") != "tcp://n1:1 tcp://n2:1" {
+		t.Fatalf("a list of nodes: %+v %v", o, err)
+	}
 	for _, tt := range []struct {
 		m    mqttFlags
 		want string
 	}{
+		{mqttFlags{broker: "tcp://n1:1,"}, "an empty URL in the list"},
+		{mqttFlags{broker: "ssl://n1:1,tcp://n2:1", cafile: pw}, "need an ssl:// broker"},
 		{mqttFlags{broker: "ssl://h:1", cert: "c"}, "--cert and --key go together"},
 		{mqttFlags{broker: "tcp://h:1", cafile: pw}, "need an ssl:// broker"},
 		{mqttFlags{broker: "ssl://h:1", cafile: pw}, "no PEM certificate"},

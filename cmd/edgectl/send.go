@@ -27,6 +27,7 @@ type sendFlags struct {
 	params                  []string
 	fence                   int64
 	lock, etcd              string
+	directory               string
 	opID                    string
 	timeout                 time.Duration
 	prefix                  string
@@ -42,6 +43,8 @@ func sendCmd() *cobra.Command {
 		Short: "Send one command and wait for its Result (exit 0 when applied)",
 		Long: `Send one command to a device through the agent and wait for its final Result.
 
+Without --gateway, --etcd URL[,URL...] finds the device's gateway in the
+device directory the agents keep there ({prefix}/devices/{dev}/gateway).
 The fence is either given (--fence N) or taken from an etcd lock
 (--lock NAME --etcd URL[,URL...]): edgectl acquires the lock, uses the lock
 key's create revision as the fence, sends, and releases the lock. With
@@ -57,13 +60,14 @@ Exit status: 0 applied, 1 any other outcome, 2 usage.`,
 	}
 	fl := c.Flags()
 	f.mqtt.add(fl)
-	fl.StringVar(&f.gateway, "gateway", "", "gateway ID (required)")
+	fl.StringVar(&f.gateway, "gateway", "", "gateway ID (required unless --etcd: then the device directory says)")
 	fl.StringVar(&f.device, "device", "", "device ID (required)")
 	fl.StringVar(&f.action, "action", "", "action (required)")
 	fl.StringArrayVar(&f.params, "param", nil, "KEY=VALUE parameter, repeatable")
 	fl.Int64Var(&f.fence, "fence", 0, "fencing token to send (or use --lock and --etcd)")
 	fl.StringVar(&f.lock, "lock", "", "etcd lock to take first; its key's revision is the fence")
-	fl.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (with --lock)")
+	fl.StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (with --lock; without --gateway, the device's gateway is looked up there)")
+	fl.StringVar(&f.directory, "directory-prefix", controller.DefaultDirectoryPrefix, "the agents' coordination.etcd.prefix (the device directory, without --gateway)")
 	fl.StringVar(&f.opID, "op-id", "", "op_id (default: a fresh random one); reuse it to resend the same operation")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "overall deadline (lock, send and Result); also the command's expires_at, so a send that gave up is never started later")
 	fl.StringVar(&f.prefix, "prefix", wire.DefaultPrefix, "MQTT topic prefix")
@@ -108,8 +112,8 @@ func parseParams(kvs []string) (json.RawMessage, error) {
 
 func (f sendFlags) validate() error {
 	switch {
-	case f.gateway == "":
-		return usagef("--gateway is required")
+	case f.gateway == "" && f.etcd == "":
+		return usagef("--gateway is required (or --etcd, to look the device's gateway up)")
 	case f.device == "":
 		return usagef("--device is required")
 	case !wire.ValidDeviceID(f.device):
@@ -126,7 +130,9 @@ func (f sendFlags) validate() error {
 		return usagef("--sign-key and --key-id go together")
 	}
 	byFence := f.fence != 0
-	byLock := f.etcd != "" || (!byFence && f.lock != "")
+	// Without --gateway, --etcd alone is the directory's: it takes a lock
+	// only with --lock.
+	byLock := f.etcd != "" && (f.gateway != "" || f.lock != "") || (!byFence && f.lock != "")
 	switch {
 	case byFence && byLock:
 		return usagef("give either --fence or --lock with --etcd, not both (--fence N --lock NAME without --etcd only names the lock in the command)")
@@ -151,6 +157,9 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	co, err := f.mqtt.options(f.gateway, f.prefix)
 	if err != nil {
 		return err
+	}
+	if f.gateway == "" && f.directory == "" {
+		return usagef("--directory-prefix must not be empty")
 	}
 	so := &controller.SendOptions{OnUnknown: func(r wire.Result) {
 		// Interim: the agent resolves the write with the device and
@@ -183,6 +192,18 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 
+	var cli *clientv3.Client
+	if f.etcd != "" {
+		if cli, err = dialEtcd(ctx, strings.Split(f.etcd, ",")); err != nil {
+			return err
+		}
+		defer cli.Close()
+	}
+	if co.Gateway == "" {
+		if co.Gateway, err = controller.LookupGateway(ctx, cli, f.directory, f.device); err != nil {
+			return err
+		}
+	}
 	conn, err := controller.Dial(ctx, co)
 	if err != nil {
 		return err
@@ -194,12 +215,6 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	if f.fence != 0 {
 		owner = &controller.FixedFence{Fence: f.fence, Lock: f.lock, Holder: holderName()}
 	} else {
-		eps := strings.Split(f.etcd, ",")
-		cli, err := dialEtcd(ctx, eps)
-		if err != nil {
-			return err
-		}
-		defer cli.Close()
 		holder, err = controller.Acquire(ctx, cli, []string{f.lock}, &controller.LockOptions{
 			TTL: f.ttl, AcquireTimeout: f.timeout, Name: holderName(),
 		})

@@ -59,7 +59,7 @@ line each: time, kind, topic, payload. Runs until interrupted (or --for).`,
 }
 
 func watch(ctx context.Context, co controller.ConnOptions, out io.Writer) error {
-	broker, gw, prefix := co.Broker, co.Gateway, co.Prefix
+	gw, prefix := co.Gateway, co.Prefix
 	filters := map[string]byte{
 		wire.ResultFilter(prefix, gw):          1,
 		wire.StateFilter(prefix, gw):           1,
@@ -68,8 +68,11 @@ func watch(ctx context.Context, co controller.ConnOptions, out io.Writer) error 
 	}
 	var mu sync.Mutex
 	lines := make(chan string, 1024)
-	opts := paho.NewClientOptions().AddBroker(broker).
-		SetUsername(co.Username).SetPassword(co.Password).SetTLSConfig(co.TLS).
+	opts := paho.NewClientOptions()
+	for _, b := range co.BrokerURLs() {
+		opts.AddBroker(b)
+	}
+	opts.SetUsername(co.Username).SetPassword(co.Password).SetTLSConfig(co.TLS).
 		SetClientID("edgectl-watch-" + controller.NewOpID()[:8]).
 		SetCleanSession(true).SetAutoReconnect(true).SetConnectRetry(false).
 		SetConnectTimeout(5 * time.Second).
@@ -94,7 +97,7 @@ func watch(ctx context.Context, co controller.ConnOptions, out io.Writer) error 
 	cli := paho.NewClient(opts)
 	tok := cli.Connect()
 	if !tok.WaitTimeout(6*time.Second) || tok.Error() != nil {
-		return fmt.Errorf("broker %s unreachable: %v", broker, tok.Error())
+		return fmt.Errorf("broker %s unreachable: %v", strings.Join(co.BrokerURLs(), ","), tok.Error())
 	}
 	defer cli.Disconnect(250)
 	for {

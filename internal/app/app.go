@@ -115,7 +115,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.reg = prometheus.NewRegistry()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	pm := newProcessMetrics(a.reg, a.o.Version, buildinfo.Revision(a.o.Revision), a.mqttConnected)
+	pm := newProcessMetrics(a.reg, cfg.GatewayID, a.o.Version, buildinfo.Revision(a.o.Revision), a.mqttConnected)
 	a.boot.set("opening the store")
 	if cfg.Admin.Listen != "" {
 		a.ln, err = net.Listen("tcp", cfg.Admin.Listen)
@@ -151,7 +151,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.boot.host.Store(nil)
 	a.boot.set("starting the agent")
-	brokerURL, username, password := cfg.MQTT.Broker, cfg.MQTT.Username, cfg.MQTT.Password
+	brokers, username, password := cfg.MQTT.BrokerURLs(), cfg.MQTT.Username, cfg.MQTT.Password
 	tlsOpts := mqtt.TLSOptions{CAFile: cfg.MQTT.TLS.CAFile, CertFile: cfg.MQTT.TLS.CertFile, KeyFile: cfg.MQTT.TLS.KeyFile}
 	if cfg.MQTT.Broker == "embedded" {
 		m := cfg.MQTT
@@ -174,7 +174,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}
 		// The agent reaches its own broker on its own listener, whatever
 		// the public one requires (internal/mqtt/embedauth.go).
-		brokerURL, username, password = a.brk.AgentURL()
+		var agentURL string
+		agentURL, username, password = a.brk.AgentURL()
+		brokers = []string{agentURL}
 		tlsOpts = mqtt.TLSOptions{}
 		a.log.Info("embedded broker listening", "addr", a.brk.Addr(), "tls", m.Embedded.TLS != nil,
 			"password_file", m.EmbeddedPasswordFile != "", "acl_file", m.EmbeddedACLFile != "")
@@ -210,7 +212,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.mc, err = mqtt.New(mqtt.Options{
-		Broker: brokerURL, ClientID: cfg.MQTT.ClientID,
+		Brokers: brokers, ClientID: cfg.MQTT.ClientID,
 		Username: username, Password: password,
 		TLS:           tlsOpts,
 		Subscriptions: []string{wire.CmdFilter(cfg.MQTT.TopicPrefix, cfg.GatewayID)},
@@ -279,12 +281,16 @@ func (a *App) Err() error {
 }
 
 // BrokerURL is the broker the agent is connected to (the embedded one's
-// actual address when broker: embedded).
+// actual address when broker: embedded; with mqtt.brokers, the node of the
+// current connection or of the last attempt).
 func (a *App) BrokerURL() string {
 	if a.brk != nil {
 		return a.brk.URL()
 	}
-	return a.cfg.MQTT.Broker
+	if a.mc != nil {
+		return a.mc.Broker()
+	}
+	return a.cfg.MQTT.BrokerURLs()[0]
 }
 
 // Store returns the open store.

@@ -17,7 +17,7 @@ type processMetrics struct {
 	commitUpdates prometheus.Histogram
 }
 
-func newProcessMetrics(reg prometheus.Registerer, version, revision string, connected func() bool) *processMetrics {
+func newProcessMetrics(reg prometheus.Registerer, gateway, version, revision string, connected func() bool) *processMetrics {
 	m := &processMetrics{
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "edge_agent_store_commit_seconds", Help: "Time of one group commit of the store, fsync included.",
@@ -33,7 +33,12 @@ func newProcessMetrics(reg prometheus.Registerer, version, revision string, conn
 		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "goversion": runtime.Version()},
 	})
 	info.Set(1)
-	reg.MustRegister(m.commitSeconds, m.commitUpdates, info,
+	gw := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "edge_agent_gateway_info", Help: "1, labelled with the agent's gateway_id: join it on instance to name a fleet's gateways.",
+		ConstLabels: prometheus.Labels{"gateway": gateway},
+	})
+	gw.Set(1)
+	reg.MustRegister(m.commitSeconds, m.commitUpdates, info, gw,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edge_agent_mqtt_connected", Help: "1 while the agent's MQTT session is connected and subscribed, else 0.",
 		}, func() float64 {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -69,6 +70,9 @@ type MQTT struct {
 	Password       string `yaml:"password"`
 	PasswordFile   string `yaml:"password_file"`
 	TLS            TLS    `yaml:"tls"`
+	// Brokers are the nodes of one broker cluster, instead of Broker: the
+	// agent connects to one and moves to the next when it is lost.
+	Brokers []string `yaml:"brokers"`
 	// The embedded broker's authentication, ACL and TLS (security.go).
 	EmbeddedPasswordFile   string      `yaml:"embedded_password_file"`
 	EmbeddedACLFile        string      `yaml:"embedded_acl_file"`
@@ -322,8 +326,12 @@ func (c *Config) check(p *Problems) {
 func (c *Config) checkMQTT(p *Problems) {
 	m := &c.MQTT
 	switch {
-	case m.Broker == "":
+	case m.Broker == "" && len(m.Brokers) == 0:
 		p.Add("mqtt.broker", "required: embedded, tcp://host:port or ssl://host:port")
+	case m.Broker == "":
+		m.checkBrokers(p)
+	case len(m.Brokers) > 0:
+		p.Add("mqtt.brokers", "set mqtt.broker or mqtt.brokers, not both")
 	case m.Broker == "embedded":
 	default:
 		if m.EmbeddedListen != "" {
@@ -343,6 +351,39 @@ func (c *Config) checkMQTT(p *Problems) {
 	if (m.TLS.CertFile == "") != (m.TLS.KeyFile == "") {
 		p.Add("mqtt.tls", "cert_file and key_file go together")
 	}
+}
+
+// checkBrokers checks mqtt.brokers, naming a bad node by its index.
+func (m *MQTT) checkBrokers(p *Problems) {
+	if m.EmbeddedListen != "" {
+		p.Add("mqtt.embedded_listen", "only with broker: embedded")
+	}
+	seen := map[string]int{}
+	for i, b := range m.Brokers {
+		key := fmt.Sprintf("mqtt.brokers[%d]", i)
+		u, err := url.Parse(b)
+		switch {
+		case b == "embedded":
+			p.Add(key, "the embedded broker is not a cluster node: use broker: embedded")
+		case err != nil || u.Host == "" ||
+			u.Scheme != "tcp" && u.Scheme != "ssl" && u.Scheme != "mqtt" && u.Scheme != "tls":
+			p.Add(key, "%q: want tcp://host:port or ssl://host:port", b)
+		}
+		if j, dup := seen[b]; dup {
+			p.Add(key, "%q is also mqtt.brokers[%d]", b, j)
+		} else {
+			seen[b] = i
+		}
+	}
+}
+
+// BrokerURLs are the brokers to connect to: mqtt.brokers, or mqtt.broker
+// alone.
+func (m *MQTT) BrokerURLs() []string {
+	if len(m.Brokers) > 0 {
+		return m.Brokers
+	}
+	return []string{m.Broker}
 }
 
 func (c *Config) checkDevice(p *Problems, i int, d *Device, seen map[string]int) {

@@ -76,6 +76,27 @@ devices:
 	}
 }
 
+func TestBrokersOfACluster(t *testing.T) {
+	c, err := config.Parse([]byte(`gateway_id: g
+mqtt: {brokers: ["tcp://n1:1883", "ssl://n2:8883", "tcp://n3:1883"]}
+devices:
+  - {id: a, type: pump, driver: {url: "http://x"}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.MQTT.BrokerURLs(), ","); got != "tcp://n1:1883,ssl://n2:8883,tcp://n3:1883" || c.MQTT.Broker != "" {
+		t.Fatalf("brokers %s, broker %q", got, c.MQTT.Broker)
+	}
+	c, err = config.Parse([]byte("gateway_id: g\nmqtt: {broker: \"tcp://h:1\"}\ndevices:\n  - {id: a, type: pump, driver: {url: \"http://x\"}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.MQTT.BrokerURLs(); len(got) != 1 || got[0] != "tcp://h:1" {
+		t.Fatalf("broker alone: %v", got)
+	}
+}
+
 func TestErrorsNameTheKey(t *testing.T) {
 	base := "gateway_id: g\nmqtt: {broker: embedded}\n"
 	dev := "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}}\n"
@@ -85,6 +106,11 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"negative retention", base + "dedup: {retention: -1h}\n" + dev, "dedup.retention"},
 		{"bad prefix", "gateway_id: g\nmqtt: {broker: embedded, topic_prefix: \"a/#\"}\n" + dev, "mqtt.topic_prefix"},
 		{"embedded_listen with tcp", "gateway_id: g\nmqtt: {broker: \"tcp://h:1\", embedded_listen: \"x\"}\n" + dev, "mqtt.embedded_listen"},
+		{"broker and brokers", "gateway_id: g\nmqtt: {broker: \"tcp://h:1\", brokers: [\"tcp://h:2\"]}\n" + dev, "mqtt.brokers: set mqtt.broker or mqtt.brokers, not both"},
+		{"bad node", "gateway_id: g\nmqtt: {brokers: [\"tcp://h:1\", \"http://h:2\"]}\n" + dev, `mqtt.brokers[1]: "http://h:2": want tcp://host:port or ssl://host:port`},
+		{"node without host", "gateway_id: g\nmqtt: {brokers: [\"tcp://h:1\", \"tcp://\"]}\n" + dev, `mqtt.brokers[1]: "tcp://"`},
+		{"embedded node", "gateway_id: g\nmqtt: {brokers: [embedded]}\n" + dev, "mqtt.brokers[0]: the embedded broker is not a cluster node"},
+		{"node twice", "gateway_id: g\nmqtt: {brokers: [\"tcp://h:1\", \"tcp://h:1\"]}\n" + dev, `mqtt.brokers[1]: "tcp://h:1" is also mqtt.brokers[0]`},
 		{"password and file", "gateway_id: g\nmqtt: {broker: embedded, password: a, password_file: b}\n" + dev, "mqtt.password_file"},
 		{"cert without key", "gateway_id: g\nmqtt: {broker: embedded, tls: {cert_file: a}}\n" + dev, "mqtt.tls"},
 		{"bad device id", base + "devices:\n  - {id: \"a/b\", type: pump, driver: {url: \"http://x\"}}\n", "devices[0] (a/b).id"},

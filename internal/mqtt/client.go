@@ -49,8 +49,17 @@ type TLSOptions struct {
 // Options configure a Client. Every field says what its zero value means.
 type Options struct {
 	// Broker is the broker's URL: tcp://host:port or ssl://host:port
-	// (also mqtt://, tls://, mqtts://, ws://, wss://). Required.
+	// (also mqtt://, tls://, mqtts://, ws://, wss://). Required unless
+	// Brokers is set; not both.
 	Broker string
+	// Brokers are the nodes of one broker cluster, URLs as Broker. Every
+	// connection attempt (the first and each one after a loss) tries them
+	// in this order and keeps the first that accepts the client (paho's
+	// behaviour), so the client moves to the next node when the one it
+	// was on is lost. They must share the session state (a cluster): a
+	// node that does not know the persistent session starts a new one.
+	// Nil: Broker alone.
+	Brokers []string
 	// ClientID is the stable client ID of the persistent session.
 	// Required: a persistent session needs one.
 	ClientID string
@@ -138,6 +147,9 @@ type Client struct {
 	closeErr error
 
 	subscribed atomic.Bool
+	// broker is the node of the current or last connection attempt
+	// (paho's connection notifications), for logs and Broker.
+	broker atomic.Pointer[string]
 
 	// publish window: pubLock (a ctx-aware mutex) guards inflight, the
 	// tokens of the publishes not known to be complete, oldest first.
@@ -163,6 +175,7 @@ func New(o Options) (*Client, error) {
 		o.CloseTimeout = DefaultCloseTimeout
 	}
 	o.Subscriptions = append([]string(nil), o.Subscriptions...)
+	o.Brokers = o.servers()
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -183,23 +196,28 @@ func (o *Options) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidOptions, fmt.Sprintf(format, args...))
 	}
-	if o.Broker == "" {
+	switch {
+	case o.Broker == "" && len(o.Brokers) == 0:
 		return bad("broker is required")
+	case o.Broker != "" && len(o.Brokers) > 0:
+		return bad("broker and brokers: set one of them")
 	}
-	u, err := url.Parse(o.Broker)
-	if err != nil {
-		return bad("broker %q: %v", o.Broker, err)
-	}
-	secure := false
-	switch u.Scheme {
-	case "tcp", "mqtt", "ws":
-	case "ssl", "tls", "mqtts", "wss":
-		secure = true
-	default:
-		return bad("broker %q: scheme must be tcp, mqtt, ssl, tls, mqtts, ws or wss", o.Broker)
-	}
-	if u.Host == "" {
-		return bad("broker %q: no host", o.Broker)
+	insecure := ""
+	for _, b := range o.servers() {
+		u, err := url.Parse(b)
+		if err != nil {
+			return bad("broker %q: %v", b, err)
+		}
+		switch u.Scheme {
+		case "tcp", "mqtt", "ws":
+			insecure = b
+		case "ssl", "tls", "mqtts", "wss":
+		default:
+			return bad("broker %q: scheme must be tcp, mqtt, ssl, tls, mqtts, ws or wss", b)
+		}
+		if u.Host == "" {
+			return bad("broker %q: no host", b)
+		}
 	}
 	if o.ClientID == "" {
 		return bad("client_id is required (a persistent session needs a stable one)")
@@ -213,8 +231,8 @@ func (o *Options) validate() error {
 	if (o.TLS.CertFile == "") != (o.TLS.KeyFile == "") {
 		return bad("tls: cert_file and key_file go together")
 	}
-	if o.TLS != (TLSOptions{}) && !secure {
-		return bad("tls files are set but broker %q is not ssl://", o.Broker)
+	if o.TLS != (TLSOptions{}) && insecure != "" {
+		return bad("tls files are set but broker %q is not ssl://", insecure)
 	}
 	for _, f := range o.Subscriptions {
 		if !ValidFilter(f) {
@@ -243,6 +261,26 @@ func (o *Options) validate() error {
 		return bad("max_inflight %d is outside 0..60000", o.MaxInflight)
 	}
 	return nil
+}
+
+// servers are the brokers to try, in order.
+func (o *Options) servers() []string {
+	if len(o.Brokers) > 0 {
+		return o.Brokers
+	}
+	return []string{o.Broker}
+}
+
+// brokerList names the brokers for errors.
+func (c *Client) brokerList() string { return strings.Join(c.o.Brokers, ",") }
+
+// Broker is the broker of the current connection, or of the last attempt
+// while there is none (the first of the list before any).
+func (c *Client) Broker() string {
+	if b := c.broker.Load(); b != nil {
+		return *b
+	}
+	return c.o.Brokers[0]
 }
 
 // ValidTopic reports whether s may be published to: non-empty, UTF-8, at
@@ -337,7 +375,7 @@ func (c *Client) Start(ctx context.Context) error {
 		select {
 		case <-tok.Done():
 		case <-ctx.Done():
-			return fmt.Errorf("mqtt: connect to %s: %w", c.o.Broker, ctx.Err())
+			return fmt.Errorf("mqtt: connect to %s: %w", c.brokerList(), ctx.Err())
 		case <-c.ctx.Done():
 			return ErrClosed
 		}
@@ -348,16 +386,16 @@ func (c *Client) Start(ctx context.Context) error {
 		if ct, ok := tok.(*paho.ConnectToken); ok {
 			switch ct.ReturnCode() {
 			case packets.ErrRefusedIDRejected, packets.ErrRefusedBadUsernameOrPassword, packets.ErrRefusedNotAuthorised:
-				return fmt.Errorf("%w: %s: %v", ErrRefused, c.o.Broker, err)
+				return fmt.Errorf("%w: %s: %v", ErrRefused, c.Broker(), err)
 			}
 		}
-		c.log.Warn("mqtt: connect failed, retrying", "broker", c.o.Broker, "attempt", attempt, "retry_in", backoff, "error", err)
+		c.log.Warn("mqtt: connect failed, retrying", "broker", c.brokerList(), "attempt", attempt, "retry_in", backoff, "error", err)
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("mqtt: connect to %s: %w (last error: %v)", c.o.Broker, ctx.Err(), err)
+			return fmt.Errorf("mqtt: connect to %s: %w (last error: %v)", c.brokerList(), ctx.Err(), err)
 		case <-c.ctx.Done():
 			t.Stop()
 			return ErrClosed
@@ -369,16 +407,20 @@ func (c *Client) Start(ctx context.Context) error {
 	case <-c.ready:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("mqtt: subscribe on %s: %w", c.o.Broker, ctx.Err())
+		return fmt.Errorf("mqtt: subscribe on %s: %w", c.Broker(), ctx.Err())
 	case <-c.ctx.Done():
 		return ErrClosed
 	}
 }
 
 func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
-	po := paho.NewClientOptions().
-		AddBroker(c.o.Broker).
-		SetClientID(c.o.ClientID).
+	po := paho.NewClientOptions()
+	buffer := true
+	for _, b := range c.o.Brokers {
+		po.AddBroker(b)
+		buffer = buffer && buffered(b)
+	}
+	po.SetClientID(c.o.ClientID).
 		SetUsername(c.o.Username).
 		SetPassword(c.o.Password).
 		SetProtocolVersion(4). // 3.1.1, no silent fallback to 3.1
@@ -401,7 +443,16 @@ func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 		SetOnConnectHandler(c.onConnect).
 		SetConnectionLostHandler(c.onConnectionLost).
 		SetReconnectingHandler(func(paho.Client, *paho.ClientOptions) {
-			c.log.Debug("mqtt: reconnecting", "broker", c.o.Broker)
+			c.log.Debug("mqtt: reconnecting", "brokers", c.brokerList())
+		}).
+		SetConnectionNotificationHandler(func(_ paho.Client, n paho.ConnectionNotification) {
+			switch n := n.(type) {
+			case paho.ConnectionNotificationBroker:
+				b := n.Broker.String()
+				c.broker.Store(&b)
+			case paho.ConnectionNotificationBrokerFailed:
+				c.log.Debug("mqtt: broker unreachable, trying the next", "broker", n.Broker.String(), "error", n.Reason)
+			}
 		})
 	if c.o.WillTopic != "" {
 		po.SetBinaryWill(c.o.WillTopic, c.o.WillPayload, 1, true)
@@ -409,8 +460,10 @@ func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 	if tlsCfg != nil {
 		po.SetTLSConfig(tlsCfg)
 	}
-	if buffered(c.o.Broker) {
-		po.SetCustomOpenConnectionFn(OpenConnection) // conn.go: fewer system calls
+	if buffer {
+		// conn.go: fewer system calls. paho has one opener for every
+		// broker, so only when all of them are tcp:// or mqtt://.
+		po.SetCustomOpenConnectionFn(OpenConnection)
 	}
 	return po
 }
@@ -462,7 +515,7 @@ func (c *Client) onConnect(pc paho.Client) {
 	c.wg.Add(1)
 	c.mu.Unlock()
 	c.subscribed.Store(false)
-	c.log.Info("mqtt: connected", "broker", c.o.Broker)
+	c.log.Info("mqtt: connected", "broker", c.Broker())
 	go func() {
 		defer c.wg.Done()
 		c.afterConnect(pc, gen)
@@ -502,7 +555,7 @@ func (c *Client) onConnectionLost(_ paho.Client, err error) {
 	c.gen++
 	c.mu.Unlock()
 	c.subscribed.Store(false)
-	c.log.Warn("mqtt: connection lost, reconnecting", "broker", c.o.Broker, "error", err)
+	c.log.Warn("mqtt: connection lost, reconnecting", "broker", c.Broker(), "error", err)
 }
 
 func (c *Client) current(gen uint64) bool {
@@ -767,7 +820,7 @@ func (c *Client) Close() error {
 	quiesce := max(time.Until(deadline), 100*time.Millisecond)
 	pc.Disconnect(uint(quiesce.Milliseconds()))
 	c.wg.Wait()
-	c.log.Info("mqtt: closed", "broker", c.o.Broker)
+	c.log.Info("mqtt: closed", "broker", c.Broker())
 	c.mu.Lock()
 	c.closeErr = errors.Join(errs...)
 	c.mu.Unlock()

@@ -32,6 +32,12 @@ func TestNewValidatesOptions(t *testing.T) {
 		{"no broker", func(o *mqtt.Options) { o.Broker = "" }, "mqtt: invalid options: broker is required"},
 		{"bad scheme", func(o *mqtt.Options) { o.Broker = "http://h:1" }, `mqtt: invalid options: broker "http://h:1": scheme must be tcp, mqtt, ssl, tls, mqtts, ws or wss`},
 		{"no host", func(o *mqtt.Options) { o.Broker = "tcp://" }, `mqtt: invalid options: broker "tcp://": no host`},
+		{"brokers", func(o *mqtt.Options) { o.Broker, o.Brokers = "", []string{"tcp://a:1", "ssl://b:2"} }, ""},
+		{"broker and brokers", func(o *mqtt.Options) { o.Brokers = []string{"tcp://a:1"} }, "mqtt: invalid options: broker and brokers: set one of them"},
+		{"bad second node", func(o *mqtt.Options) { o.Broker, o.Brokers = "", []string{"tcp://a:1", "http://b:2"} }, `mqtt: invalid options: broker "http://b:2": scheme must be tcp, mqtt, ssl, tls, mqtts, ws or wss`},
+		{"tls with a tcp node", func(o *mqtt.Options) {
+			o.Broker, o.Brokers, o.TLS.CAFile = "", []string{"ssl://a:1", "tcp://b:2"}, "ca.pem"
+		}, `mqtt: invalid options: tls files are set but broker "tcp://b:2" is not ssl://`},
 		{"no client id", func(o *mqtt.Options) { o.ClientID = "" }, "mqtt: invalid options: client_id is required (a persistent session needs a stable one)"},
 		{"password alone", func(o *mqtt.Options) { o.Password = "p" }, "mqtt: invalid options: password without username"},
 		{"cert without key", func(o *mqtt.Options) {

@@ -19,6 +19,11 @@
 //     goroutine of Client's own (paho's ResumeSubs is off: it would only
 //     resend a SUBSCRIBE that was in flight);
 //   - automatic reconnection with backoff capped at MaxReconnectInterval;
+//     with Brokers (the nodes of one cluster), every attempt tries the
+//     nodes in order and keeps the first that accepts (paho's
+//     attemptConnection), so the client moves to the next node when its
+//     node is lost; the ordered store, the acker and the subscriptions
+//     belong to the Client, not to a connection, so they carry over;
 //   - a retained status topic: OnlinePayload on every connect,
 //     OfflinePayload on a clean Close, WillPayload as the last will, and a
 //     repair when a late will overwrites "online" (Options.OnlinePayload);
