@@ -460,7 +460,7 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 		h.Close(context.Background())
 		var le *policy.LoadError
 		if errors.As(err, &le) { // a plugin or its config is wrong: exit 2
-			return nil, fmt.Errorf("%w: policy: %v", ErrConfig, err)
+			return nil, fmt.Errorf("%w: policy: %w", ErrConfig, err)
 		}
 		return nil, fmt.Errorf("policy: %w", err)
 	}
