@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -346,5 +348,39 @@ devices:
 	os.WriteFile(p, []byte(head+"devices:\n  - {id: p, type: pump, driver: {url: \"http://127.0.0.1:1\"}, policy: {plugin: nope}}\n"), 0o600)
 	if code, out := runBin(t, "run", "--config", p); code != 2 || !strings.Contains(out, `devices[0] (p).policy.plugin: "nope": no file nope.wasm`) {
 		t.Fatalf("run with a missing plugin: exit %d\n%s", code, out)
+	}
+}
+
+// fence reset records who by the real uid, which the kernel vouches for;
+// $SUDO_USER only as what it is, a variable the caller set.
+func TestFenceResetRecordsTheRealUser(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "agent.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Start()
+	if err := st.Update(t.Context(), func(tx *store.Tx) error { return tx.PutDevice("pump-7", store.Device{LastFence: 1 << 62}) }); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	real := fmt.Sprintf("%s (uid %d)@%s", u.Username, os.Getuid(), host)
+	cmd := exec.Command(bin, "fence", "reset", "--data-dir", dir, "--device", "pump-7", "--to", "41", "--reason", "poisoned")
+	cmd.Env = append(os.Environ(), "SUDO_USER=alice")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("fence reset: %v\n%s", err, out)
+	}
+	if want := "by " + real + `, SUDO_USER="alice"` + "\n"; !strings.Contains(string(out), want) {
+		t.Fatalf("fence reset says:\n%s\nwant %q", out, want)
+	}
+	code, insp := runBin(t, "inspect", "--data-dir", dir, "--device", "pump-7")
+	if code != 0 || !strings.Contains(insp, "to 41 by "+real+`, SUDO_USER="alice": poisoned`) {
+		t.Fatalf("inspect: exit %d\n%s", code, insp)
 	}
 }
