@@ -169,8 +169,6 @@ func (a *App) Start(ctx context.Context) (err error) {
 		// the public one requires (internal/mqtt/embedauth.go).
 		brokerURL, username, password = a.brk.AgentURL()
 		tlsOpts = mqtt.TLSOptions{}
-		a.log.Info("embedded broker listening", "addr", a.brk.Addr(), "tls", m.Embedded.TLS != nil,
-			"password_file", m.EmbeddedPasswordFile != "", "acl_file", m.EmbeddedACLFile != "")
 	}
 	var ev policy.Evaluator
 	if a.host != nil {
