@@ -27,16 +27,24 @@ type Duration time.Duration
 // UnmarshalYAML parses a Go duration string. Its error is a
 // *yaml.TypeError, so that the decoding goes on to the other keys.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseDuration(n)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
+	}
+	*d = v
+	return nil
+}
+
+func parseDuration(n *yaml.Node) (Duration, error) {
 	var s string
 	if err := n.Decode(&s); err != nil {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: want a duration such as 2s, got %q", n.Line, n.Value)}}
+		return 0, fmt.Errorf("want a duration such as 2s, got %s", shown(n))
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a duration (Go syntax: 2s, 150ms)", n.Line, s)}}
+		return 0, fmt.Errorf("%q is not a duration (Go syntax: 2s, 150ms)", s)
 	}
-	*d = Duration(v)
-	return nil
+	return Duration(v), nil
 }
 
 // D returns the time.Duration.
@@ -189,13 +197,16 @@ func Parse(b []byte) (*Config, error) {
 		return nil, Problems{fmt.Errorf("%w: %s", ErrInvalid, withSource(b, strings.TrimPrefix(err.Error(), "yaml: ")))}
 	}
 	var p Problems
-	unknownKeys(&p, &root)
+	said := unknownKeys(&p, &root)
 	c := Config{Admin: Admin{Listen: DefaultAdminListen}, Dedup: Dedup{KeepLast: DefaultKeepLast}}
 	if root.Kind != 0 {
 		var te *yaml.TypeError
 		switch err := root.Decode(&c); {
 		case errors.As(err, &te):
 			for _, e := range te.Errors {
+				if m := lineRe.FindStringSubmatch(e); m != nil && said[atoi(m[1])] {
+					continue // unknownKeys said it, in the file's words
+				}
 				p = append(p, fmt.Errorf("%w: %s", ErrInvalid, withSource(b, e)))
 			}
 		case err != nil:
@@ -210,6 +221,11 @@ func Parse(b []byte) (*Config, error) {
 }
 
 var lineRe = regexp.MustCompile(`line (\d+): `)
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
 
 // withSource adds the offending source line to each "line N: ..." of a
 // decode error, so the message names the key as written.

@@ -150,8 +150,9 @@ devices:
 }
 
 // An unknown key is reported as the user wrote it (its key path and line,
-// with the known key it is likely a typo of), and it does not hide the
-// file's other problems: every one is reported, one per line.
+// with the known key it is likely a typo of), so is a value of the wrong
+// type (no Go type name), and neither hides the file's other problems:
+// every one is reported, once, one per line.
 func TestUnknownKeysInTheUsersWords(t *testing.T) {
 	_, err := config.Parse([]byte(`gateway_id: gw-1
 mqtt:
@@ -174,6 +175,11 @@ devices:
   - id: valve-1
     type: valve
     driver: {kind: bacnet, anything: 1}
+  - id: mixer-1
+    type: generic
+    queue: many
+    driver: {url: "http://x", idempotent: sure}
+plugins: [a]
 `))
 	var p config.Problems
 	if !errors.As(err, &p) || !errors.Is(err, config.ErrInvalid) {
@@ -185,7 +191,10 @@ devices:
 		"devices[0] (pump-7).driver.timout (line 14): unknown key; did you mean timeout?",
 		"devices[0] (pump-7).policy.limits.memory_mb (line 15): unknown key; did you mean memory_mib?",
 		"devices[1] (relay-1).driver.actions.on.coill (line 18): unknown key; did you mean coil?",
-		`line 5 (shutdown_timeout: soon): "soon" is not a duration`,
+		`shutdown_timeout (line 5): "soon" is not a duration (Go syntax: 2s, 150ms)`,
+		`devices[3] (mixer-1).queue (line 24): want a whole number, got "many"`,
+		`devices[3] (mixer-1).driver.idempotent (line 25): want true or false, got "sure"`,
+		`plugins (line 26): want a mapping (key: value), got a list`,
 		`devices[0] (pump-7).type: "pmp": want pump, valve, relay or generic`,
 		`devices[0] (pump-7).driver.url: "htp://127.0.0.1:8081": want http:// or https://`,
 		`devices[2] (valve-1).driver.kind: "bacnet": want http or modbus`,

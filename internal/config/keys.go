@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -16,16 +17,25 @@ import (
 // against its kind's registered keys. It stops at the values that decode
 // themselves (durations, a policy's config), and walks an anchor's value
 // once however many aliases name it.
-func unknownKeys(p *Problems, root *yaml.Node) {
+//
+// It also adds a problem for every value that is not written as its key
+// takes (a word where a number goes, a mapping where a list goes), in the
+// same words, and returns the lines of those: the decoder reports them
+// too, in its own words (`cannot unmarshal !!str into int`), which Parse
+// leaves out.
+func unknownKeys(p *Problems, root *yaml.Node) map[int]bool {
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = root.Content[0]
 	}
-	keyWalker{p: p, seen: map[*yaml.Node]bool{}}.walk(root, reflect.TypeFor[Config](), "")
+	w := keyWalker{p: p, seen: map[*yaml.Node]bool{}, lines: map[int]bool{}}
+	w.walk(root, reflect.TypeFor[Config](), "")
+	return w.lines
 }
 
 type keyWalker struct {
-	p    *Problems
-	seen map[*yaml.Node]bool // the anchors' values walked
+	p     *Problems
+	seen  map[*yaml.Node]bool // the anchors' values walked
+	lines map[int]bool        // the lines of the values of the wrong type
 }
 
 var (
@@ -33,6 +43,7 @@ var (
 	nodeType        = reflect.TypeFor[yaml.Node]()
 	deviceType      = reflect.TypeFor[Device]()
 	driverType      = reflect.TypeFor[Driver]()
+	durationType    = reflect.TypeFor[Duration]()
 )
 
 func (w keyWalker) walk(n *yaml.Node, t reflect.Type, path string) {
@@ -46,6 +57,14 @@ func (w keyWalker) walk(n *yaml.Node, t reflect.Type, path string) {
 		w.seen[n.Alias] = true
 		n = n.Alias
 	}
+	if t == nodeType || n.ShortTag() == "!!null" { // anything, or nothing given
+		return
+	}
+	if want := w.mismatch(n, t); want != "" {
+		w.lines[n.Line] = true
+		w.p.Add(fmt.Sprintf("%s (line %d)", path, n.Line), "want %s, got %s", want, shown(n))
+		return
+	}
 	switch {
 	case t == driverType:
 		if keys := driverKeys(n); keys != nil {
@@ -53,18 +72,66 @@ func (w keyWalker) walk(n *yaml.Node, t reflect.Type, path string) {
 		}
 	case t == deviceType:
 		w.mapping(n, yamlFields(t, map[string]reflect.Type{}), path)
-	case t == nodeType || reflect.PointerTo(t).Implements(unmarshalerType):
+	case t == durationType:
+		if _, err := parseDuration(n); err != nil {
+			w.lines[n.Line] = true
+			w.p.Add(fmt.Sprintf("%s (line %d)", path, n.Line), "%v", err)
+		}
+	case reflect.PointerTo(t).Implements(unmarshalerType): // decodes itself: yaml's error stands
 	case t.Kind() == reflect.Struct:
 		w.mapping(n, yamlFields(t, map[string]reflect.Type{}), path)
-	case t.Kind() == reflect.Map && n.Kind == yaml.MappingNode:
+	case t.Kind() == reflect.Map:
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			w.walk(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value))
 		}
-	case (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) && n.Kind == yaml.SequenceNode:
+	case t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
 		for i, e := range n.Content {
 			w.walk(e, t.Elem(), fmt.Sprintf("%s[%d]%s", path, i, idOf(e)))
 		}
 	}
+}
+
+// mismatch is what a value of t is written as, when n is not that (a
+// mapping where a list goes, a word where a number goes); else "".
+func (w keyWalker) mismatch(n *yaml.Node, t reflect.Type) string {
+	switch {
+	case t == durationType || t.Kind() == reflect.Interface:
+		return ""
+	case t == driverType || t == deviceType || t.Kind() == reflect.Struct || t.Kind() == reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			return "a mapping (key: value)"
+		}
+	case t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
+		if n.Kind != yaml.SequenceNode {
+			return "a list"
+		}
+	case n.Kind != yaml.ScalarNode:
+		return "a single value"
+	case t.Kind() == reflect.String:
+	case n.Decode(reflect.New(t).Interface()) != nil:
+		switch t.Kind() {
+		case reflect.Bool:
+			return "true or false"
+		case reflect.Float32, reflect.Float64:
+			return "a number"
+		default:
+			return "a whole number"
+		}
+	}
+	return ""
+}
+
+// shown is a value as the file wrote it, for a message.
+func shown(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "*" + n.Value
+	}
+	return strconv.Quote(n.Value)
 }
 
 // mapping checks the keys of one mapping against fields, each key's type.
