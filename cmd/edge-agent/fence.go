@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -97,17 +98,20 @@ func fenceReset(cmd *cobra.Command, path, dev string, to int64, reason string) e
 	return nil
 }
 
-// operator names who ran the command: the user (the one behind sudo when
-// there is one) at this host.
+// operator names who ran the command: the user of the process's real uid
+// at this host, which the kernel vouches for, and, when $SUDO_USER is
+// set, what it says, recorded as just that: a variable any caller can
+// set (`SUDO_USER=alice edge-agent fence reset ...` as root is root).
 func operator() string {
-	name := os.Getenv("SUDO_USER")
-	if name == "" {
-		if u, err := user.Current(); err == nil {
-			name = u.Username
-		} else {
-			name = fmt.Sprintf("uid %d", os.Getuid())
-		}
+	uid := os.Getuid()
+	who := fmt.Sprintf("uid %d", uid)
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		who = fmt.Sprintf("%s (uid %d)", u.Username, uid)
 	}
 	host, _ := os.Hostname()
-	return name + "@" + host
+	who += "@" + host
+	if s := os.Getenv("SUDO_USER"); s != "" {
+		who += fmt.Sprintf(", SUDO_USER=%q", s)
+	}
+	return who
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -157,12 +159,7 @@ func TestVersion(t *testing.T) {
 // policy test evaluates one plugin (built from source here) on one command.
 func TestPolicyTestCommand(t *testing.T) {
 	dir := t.TempDir()
-	wasm := filepath.Join(dir, "range-limit.wasm")
-	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasm, "../../plugins/range-limit")
-	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the plugin: %v\n%s", err, out)
-	}
+	wasm := buildPlugin(t, dir, "range-limit")
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
 		os.WriteFile(p, []byte(body), 0o600)
@@ -264,5 +261,126 @@ func TestInspectWithConfig(t *testing.T) {
 	}
 	if code, _ := runBin(t, "inspect", "--config", cfg, "--data-dir", dir); code != 2 {
 		t.Fatalf("both flags: exit %d, want 2", code)
+	}
+}
+
+// buildPlugin builds plugins/NAME into dir/NAME.wasm.
+func buildPlugin(t *testing.T, dir, name string) string {
+	t.Helper()
+	wasm := filepath.Join(dir, name+".wasm")
+	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasm, "../../plugins/"+name)
+	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the plugin: %v\n%s", err, out)
+	}
+	return wasm
+}
+
+// config check reports every problem in the words of the file (key path,
+// line, the key a typo was likely meant to be), counts them right, says
+// what a plugin said of the config it rejected, and checks that the paths
+// the file names exist.
+func TestConfigCheckInTheUsersWords(t *testing.T) {
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "plugins")
+	os.Mkdir(plugins, 0o755)
+	buildPlugin(t, plugins, "range-limit")
+	notADir := filepath.Join(dir, "file")
+	os.WriteFile(notADir, nil, 0o600)
+	headWith := func(mqtt string) string {
+		return "gateway_id: gw-1\nmqtt: " + mqtt + "\nadmin: {listen: \"\"}\ndata_dir: " + filepath.Join(dir, "data") + "\nplugins: {dir: " + plugins + "}\n"
+	}
+	head := headWith("{broker: embedded}")
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"typos", `gateway_id: gw-1
+mqtt:
+  broker: embedded
+  embeded_listen: 127.0.0.1:1883
+devices:
+  - id: pump-7
+    type: pmp
+    driver:
+      url: htp://127.0.0.1:8081
+`, []string{
+			"config: invalid: mqtt.embeded_listen (line 4): unknown key; did you mean embedded_listen?\n",
+			`config: invalid: devices[0] (pump-7).type: "pmp": want pump, valve, relay or generic` + "\n",
+			`config: invalid: devices[0] (pump-7).driver.url: "htp://127.0.0.1:8081": want http:// or https://` + "\n",
+			": 3 problem(s)\n",
+		}},
+		{"plugin config typo", head + "devices:\n  - {id: p, type: pump, driver: {url: \"http://127.0.0.1:1\"}, policy: {plugin: range-limit, config: {parm: rpm, min: 0, max: 3000}}}\n", []string{
+			`config: invalid: devices[0] (p).policy.config: rejected by plugin range-limit (`,
+			`; the plugin says: policy.config: unknown key "parm"` + "\n",
+			": 1 problem(s)\n",
+		}},
+		{"missing plugin", head + "devices:\n  - {id: p, type: pump, driver: {url: \"http://127.0.0.1:1\"}, policy: {plugin: nope}}\n", []string{
+			`config: invalid: devices[0] (p).policy.plugin: "nope": no file nope.wasm in plugins.dir (` + plugins + ")\n",
+			": 1 problem(s)\n",
+		}},
+		{"missing plugins.dir", strings.Replace(head, plugins, filepath.Join(dir, "nowhere"), 1) + "devices:\n  - {id: p, type: pump, driver: {url: \"http://127.0.0.1:1\"}, policy: {plugin: range-limit}}\n", []string{
+			"config: invalid: plugins.dir: stat " + filepath.Join(dir, "nowhere") + ": no such file or directory (devices[0] (p) binds plugin range-limit)\n",
+		}},
+		{"data_dir cannot be created", strings.Replace(head, filepath.Join(dir, "data"), filepath.Join(notADir, "data"), 1) + goodDevices, []string{
+			"config: invalid: data_dir: " + filepath.Join(notADir, "data") + " does not exist, and cannot be created: " + notADir + " is not a directory\n",
+		}},
+		{"missing tls file", headWith("{broker: \"ssl://127.0.0.1:8883\", tls: {ca_file: "+filepath.Join(dir, "ca.pem")+"}}") + goodDevices, []string{
+			"config: invalid: mqtt.tls.ca_file: stat " + filepath.Join(dir, "ca.pem") + ": no such file or directory\n",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "agent.yaml")
+			os.WriteFile(p, []byte(tc.yaml), 0o600)
+			code, out := runBin(t, "config", "check", "--config", p)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+	// run names the key of a missing plugin too.
+	p := filepath.Join(t.TempDir(), "agent.yaml")
+	os.WriteFile(p, []byte(head+"devices:\n  - {id: p, type: pump, driver: {url: \"http://127.0.0.1:1\"}, policy: {plugin: nope}}\n"), 0o600)
+	if code, out := runBin(t, "run", "--config", p); code != 2 || !strings.Contains(out, `devices[0] (p).policy.plugin: "nope": no file nope.wasm`) {
+		t.Fatalf("run with a missing plugin: exit %d\n%s", code, out)
+	}
+}
+
+// fence reset records who by the real uid, which the kernel vouches for;
+// $SUDO_USER only as what it is, a variable the caller set.
+func TestFenceResetRecordsTheRealUser(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "agent.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Start()
+	if err := st.Update(t.Context(), func(tx *store.Tx) error { return tx.PutDevice("pump-7", store.Device{LastFence: 1 << 62}) }); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	real := fmt.Sprintf("%s (uid %d)@%s", u.Username, os.Getuid(), host)
+	cmd := exec.Command(bin, "fence", "reset", "--data-dir", dir, "--device", "pump-7", "--to", "41", "--reason", "poisoned")
+	cmd.Env = append(os.Environ(), "SUDO_USER=alice")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("fence reset: %v\n%s", err, out)
+	}
+	if want := "by " + real + `, SUDO_USER="alice"` + "\n"; !strings.Contains(string(out), want) {
+		t.Fatalf("fence reset says:\n%s\nwant %q", out, want)
+	}
+	code, insp := runBin(t, "inspect", "--data-dir", dir, "--device", "pump-7")
+	if code != 0 || !strings.Contains(insp, "to 41 by "+real+`, SUDO_USER="alice": poisoned`) {
+		t.Fatalf("inspect: exit %d\n%s", code, insp)
 	}
 }

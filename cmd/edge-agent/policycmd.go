@@ -19,6 +19,7 @@ type pluginLine struct {
 	Level  string `json:"level"`
 	Stream string `json:"stream"` // log (sdk.Log) or stdio
 	Msg    string `json:"msg"`
+	Plugin string `json:"-"`
 }
 
 // pluginLog collects the plugin's own lines ("policy: plugin says"): the
@@ -42,6 +43,8 @@ func (l *pluginLog) Handle(_ context.Context, r slog.Record) error {
 			pl.Msg = a.Value.String()
 		case "stream":
 			pl.Stream = a.Value.String()
+		case "plugin":
+			pl.Plugin = a.Value.String()
 		}
 		return true
 	})
@@ -49,6 +52,19 @@ func (l *pluginLog) Handle(_ context.Context, r slog.Record) error {
 	l.lines = append(l.lines, pl)
 	l.mu.Unlock()
 	return nil
+}
+
+// of is what the plugin named plugin said, line by line.
+func (l *pluginLog) of(plugin string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, pl := range l.lines {
+		if pl.Plugin == plugin {
+			out = append(out, pl.Msg)
+		}
+	}
+	return out
 }
 
 // policyResult is `policy test --json`.

@@ -41,6 +41,9 @@ func runCmd() *cobra.Command {
 			} else {
 				cfg, err = config.Load(cfgPath)
 			}
+			if err == nil {
+				err = cfg.CheckFiles()
+			}
 			if err != nil {
 				return configErr(err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/controller"
 	"github.com/edge-agent/edge-agent/controller/wire/jws"
+	"github.com/edge-agent/edge-agent/internal/config"
 )
 
 // mqttFlags are the flags every command that talks MQTT takes
@@ -109,17 +110,25 @@ func (m *mqttFlags) options(gateway, prefix string) (controller.ConnOptions, err
 // adminFlags are the flags of the commands that call the admin API.
 type adminFlags struct{ admin, token string }
 
+// defaultAdmin is the agent's default admin.listen, as a URL.
+const defaultAdmin = "http://" + config.DefaultAdminListen
+
 func (a *adminFlags) add(fl *pflag.FlagSet) {
-	fl.StringVar(&a.admin, "admin", "", "agent admin URL, e.g. http://127.0.0.1:9464 (required)")
+	fl.StringVar(&a.admin, "admin", "", "agent admin URL (or EDGECTL_ADMIN; default "+defaultAdmin+", the agent's default admin.listen)")
 	fl.StringVar(&a.token, "token", "", "admin.token, sent as a Bearer token (or EDGECTL_TOKEN)")
 }
 
+// resolve fills in the environment and the defaults: a flag given wins
+// over its variable, which wins over the default.
 func (a *adminFlags) resolve() error {
 	if a.token == "" {
 		a.token = os.Getenv("EDGECTL_TOKEN")
 	}
 	if a.admin == "" {
-		return usagef("--admin is required")
+		a.admin = os.Getenv("EDGECTL_ADMIN")
+	}
+	if a.admin == "" {
+		a.admin = defaultAdmin
 	}
 	if !strings.Contains(a.admin, "://") {
 		a.admin = "http://" + a.admin

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -19,14 +18,10 @@ import (
 
 // do sends one request to the admin API and decodes a 200 answer into v.
 func (a *adminFlags) do(ctx context.Context, method, path string, body, v any) error {
-	if a.admin == "" {
-		return usagef("--admin is required")
+	if err := a.resolve(); err != nil {
+		return err
 	}
-	base := a.admin
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	u := strings.TrimRight(base, "/") + path
+	u := a.admin + path
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -39,12 +34,8 @@ func (a *adminFlags) do(ctx context.Context, method, path string, body, v any) e
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	tok := a.token
-	if tok == "" {
-		tok = os.Getenv("EDGECTL_TOKEN")
-	}
-	if tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -59,29 +58,44 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
+	// Usage errors are typed where they arise (exit 2): a bad flag, an
+	// unknown command, stray arguments. The status never depends on an
+	// error's text, which may quote a device or the agent.
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 	root.AddCommand(sendCmd(), watchCmd(), statusCmd(), keygenCmd(), historyCmd(), resolveCmd(), fleetCmd())
 	root.AddCommand(manpage.Command(root, Version))
+	usageArgs(root)
 	err := root.Execute()
 	if err == nil {
 		return 0
 	}
 	fmt.Fprintln(stderr, "edgectl:", err)
 	var ue *usageError
-	if errors.As(err, &ue) || isCobraUsage(err) {
+	if errors.As(err, &ue) {
 		return 2
 	}
 	return 1
 }
 
-// isCobraUsage recognises cobra's own argument errors, which it does not
-// type.
-func isCobraUsage(err error) bool {
-	s := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "required flag", "accepts ", "invalid argument"} {
-		if strings.Contains(s, p) {
-			return true
+// usageArgs makes the argument checks of c and its subcommands return
+// usage errors. A command with subcommands takes no arguments (an unknown
+// subcommand) and shows its help.
+func usageArgs(c *cobra.Command) {
+	if c.HasSubCommands() && c.Args == nil {
+		c.Args = cobra.NoArgs
+		if !c.Runnable() {
+			c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 		}
 	}
-	return false
+	if check := c.Args; check != nil {
+		c.Args = func(c *cobra.Command, args []string) error {
+			if err := check(c, args); err != nil {
+				return &usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		usageArgs(sub)
+	}
 }

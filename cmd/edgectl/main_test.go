@@ -46,7 +46,6 @@ func TestUsageErrors(t *testing.T) {
 		{"bad device", []string{"send", "--broker", "b", "--gateway", "g", "--device", "a/b", "--action", "set", "--fence", "1"}, "not a valid device"},
 		{"bad op id", append(base, "--fence", "3", "--op-id", "has space"), "not a valid op_id"},
 		{"missing broker", []string{"send", "--gateway", "g", "--device", "d", "--action", "set", "--fence", "1"}, "--broker is required"},
-		{"status without admin", []string{"status"}, "--admin is required"},
 		{"watch without broker", []string{"watch"}, "required"},
 	}
 	for _, tc := range cases {

@@ -161,7 +161,9 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	if f.gateway == "" && f.directory == "" {
 		return usagef("--directory-prefix must not be empty")
 	}
-	so := &controller.SendOptions{OnUnknown: func(r wire.Result) {
+	// What was sent, for the message when the outcome is unknown.
+	var sent sendRecord
+	so := &controller.SendOptions{OnPublish: sent.published, OnUnknown: func(r wire.Result) {
 		// Interim: the agent resolves the write with the device and
 		// publishes the final Result to the same reply topic.
 		if f.asJSON {
@@ -237,10 +239,10 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 		so.ExpiresIn = min(so.ExpiresIn, 10*time.Minute)
 	}
 	s := controller.NewSender(conn, owner, so)
-	var opts []controller.CallOption
-	if f.opID != "" {
-		opts = append(opts, controller.WithOpID(f.opID))
+	if f.opID == "" { // edgectl's own, so that it can say which to resend
+		f.opID = controller.NewOpID()
 	}
+	opts := []controller.CallOption{controller.WithOpID(f.opID)}
 	sctx := ctx
 	if holder != nil {
 		// Stop waiting as soon as the lock is lost.
@@ -262,12 +264,57 @@ func runSend(ctx context.Context, f sendFlags, stdout io.Writer) error {
 	}
 	if err != nil {
 		var re *controller.ResultError
-		if errors.As(err, &re) {
+		switch {
+		case errors.As(err, &re):
 			return &outcomeError{err}
+		case errors.Is(err, controller.ErrOutcomeUnknown):
+			return &outcomeError{sent.unknown(f, r)}
 		}
 		return err
 	}
 	return nil
+}
+
+// sendRecord is what edgectl learnt of its publishes (SendOptions.OnPublish).
+type sendRecord struct {
+	expiresAt time.Time
+	tries     int  // publishes
+	acked     bool // the broker acknowledged one (PUBACK)
+}
+
+func (s *sendRecord) published(cmd wire.Command, err error) {
+	s.tries++
+	s.acked = s.acked || err == nil
+	if cmd.ExpiresAt != nil {
+		s.expiresAt = *cmd.ExpiresAt
+	}
+}
+
+// unknown says, in the operator's words, that the outcome is unknown,
+// why, what that means for the command and how to learn it. last is the
+// last Result received (none: zero).
+func (s *sendRecord) unknown(f sendFlags, last wire.Result) error {
+	var why string
+	switch {
+	case s.tries == 0:
+		why = "the command was not published before the deadline"
+	case !s.acked:
+		why = "the broker had not acknowledged the command when the deadline came (it may have taken it, and the agent with it)"
+	case last.Code == wire.CodeBusy:
+		why = "the device's queue was full (busy) until the deadline"
+	case last.Code == wire.CodeFenceUnconfirmed:
+		why = "the gateway could not yet confirm its fences (fence_unconfirmed) until the deadline"
+	case last.Status == wire.StatusUnknown:
+		why = fmt.Sprintf("the agent took it, and its last word was %s/%s: %s", last.Status, last.Code, last.Reason)
+	default:
+		why = "the broker took the command, and no final Result came before the deadline (it may be queued behind a held write)"
+	}
+	never := ""
+	if !s.expiresAt.IsZero() {
+		never = fmt.Sprintf("; it is never started after its expires_at %s", s.expiresAt.Format(time.RFC3339))
+	}
+	return fmt.Errorf("device %s op %s: outcome unknown after --timeout %s: %s%s. To learn it, send the same command again with --op-id %s, or see edgectl history --device %s",
+		f.device, f.opID, f.timeout, why, never, f.opID, f.device)
 }
 
 // mergeCancel returns a context that ends when either a or b does.

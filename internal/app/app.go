@@ -178,8 +178,6 @@ func (a *App) Start(ctx context.Context) (err error) {
 		agentURL, username, password = a.brk.AgentURL()
 		brokers = []string{agentURL}
 		tlsOpts = mqtt.TLSOptions{}
-		a.log.Info("embedded broker listening", "addr", a.brk.Addr(), "tls", m.Embedded.TLS != nil,
-			"password_file", m.EmbeddedPasswordFile != "", "acl_file", m.EmbeddedACLFile != "")
 	}
 	var ev policy.Evaluator
 	if a.host != nil {
@@ -473,7 +471,7 @@ func buildPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg 
 		h.Close(context.Background())
 		var le *policy.LoadError
 		if errors.As(err, &le) { // a plugin or its config is wrong: exit 2
-			return nil, fmt.Errorf("%w: policy: %v", ErrConfig, err)
+			return nil, fmt.Errorf("%w: policy: %w", ErrConfig, err)
 		}
 		return nil, fmt.Errorf("policy: %w", err)
 	}

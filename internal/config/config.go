@@ -4,13 +4,11 @@
 package config
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
-	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -27,18 +25,27 @@ var ErrInvalid = errors.New("config: invalid")
 // Duration is a time.Duration written in Go syntax ("2s", "150ms").
 type Duration time.Duration
 
-// UnmarshalYAML parses a Go duration string.
+// UnmarshalYAML parses a Go duration string. Its error is a
+// *yaml.TypeError, so that the decoding goes on to the other keys.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseDuration(n)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
+	}
+	*d = v
+	return nil
+}
+
+func parseDuration(n *yaml.Node) (Duration, error) {
 	var s string
 	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: want a duration such as 2s, got %q", n.Line, n.Value)
+		return 0, fmt.Errorf("want a duration such as 2s, got %s", shown(n))
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration (Go syntax: 2s, 150ms)", n.Line, s)
+		return 0, fmt.Errorf("%q is not a duration (Go syntax: 2s, 150ms)", s)
 	}
-	*d = Duration(v)
-	return nil
+	return Duration(v), nil
 }
 
 // D returns the time.Duration.
@@ -120,16 +127,15 @@ type Device struct {
 	Policy *Policy `yaml:"policy"`
 }
 
-// UnmarshalYAML decodes a device over its defaults, as strictly as the
-// rest of the file (an unknown key is an error).
+// UnmarshalYAML decodes a device over its defaults. Its unknown keys are
+// Parse's to report (unknownKeys).
 func (d *Device) UnmarshalYAML(n *yaml.Node) error {
 	type plain Device
 	*d = Device{Queue: DefaultQueue}
 	if err := d.Driver.UnmarshalYAML(&yaml.Node{Kind: yaml.MappingNode}); err != nil {
 		return err
 	}
-	unknown := unknownFields(n, reflect.TypeFor[plain](), "config.Device")
-	return typeErrors(unknown, n.Decode((*plain)(d)))
+	return n.Decode((*plain)(d))
 }
 
 // Policy binds a plugin to a device.
@@ -182,26 +188,48 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes and validates a YAML document. The program must import
-// the driver packages, which register the driver kinds (internal/device:
-// http and modbus); Parse panics if none is registered.
+// Parse decodes and validates a YAML document: every problem, as
+// Problems. The program must import the driver packages, which register
+// the driver kinds (internal/device: http and modbus); Parse panics if
+// none is registered.
 func Parse(b []byte) (*Config, error) {
 	if len(driverKinds()) == 0 {
 		panic("config: no driver kind registered (import internal/device)")
 	}
-	c := Config{Admin: Admin{Listen: DefaultAdminListen}, Dedup: Dedup{KeepLast: DefaultKeepLast}}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, withSource(b, strings.TrimPrefix(err.Error(), "yaml: ")))
+	var root yaml.Node
+	if err := yaml.Unmarshal(b, &root); err != nil { // not YAML: nothing more to say
+		return nil, Problems{fmt.Errorf("%w: %s", ErrInvalid, withSource(b, strings.TrimPrefix(err.Error(), "yaml: ")))}
 	}
-	if err := c.validate(); err != nil {
-		return nil, err
+	var p Problems
+	said := unknownKeys(&p, &root)
+	c := Config{Admin: Admin{Listen: DefaultAdminListen}, Dedup: Dedup{KeepLast: DefaultKeepLast}}
+	if root.Kind != 0 {
+		var te *yaml.TypeError
+		switch err := root.Decode(&c); {
+		case errors.As(err, &te):
+			for _, e := range te.Errors {
+				if m := lineRe.FindStringSubmatch(e); m != nil && said[atoi(m[1])] {
+					continue // unknownKeys said it, in the file's words
+				}
+				p = append(p, fmt.Errorf("%w: %s", ErrInvalid, withSource(b, e)))
+			}
+		case err != nil:
+			return nil, Problems{fmt.Errorf("%w: %s", ErrInvalid, withSource(b, strings.TrimPrefix(err.Error(), "yaml: ")))}
+		}
+	}
+	c.validate(&p)
+	if len(p) > 0 {
+		return nil, p
 	}
 	return &c, nil
 }
 
 var lineRe = regexp.MustCompile(`line (\d+): `)
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
 
 // withSource adds the offending source line to each "line N: ..." of a
 // decode error, so the message names the key as written.
@@ -224,29 +252,28 @@ func bad(key, format string, a ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, a...))
 }
 
-// Problems collects every problem of a configuration, each naming its key.
+// Problems collects every problem of a configuration, each naming its key
+// and wrapping ErrInvalid. As an error (what Parse and Load return) it is
+// every problem, one per line; errors.As finds it, to count them.
 type Problems []error
 
 // Add adds the problem of key (e.g. "devices[0] (p).driver.url"), worded
 // by format.
 func (p *Problems) Add(key, format string, a ...any) { *p = append(*p, bad(key, format, a...)) }
 
-// err is nil without problems; else every problem, one per line, each
-// wrapping ErrInvalid.
-func (p Problems) err() error { return errors.Join(p...) }
+func (p Problems) Error() string   { return errors.Join(p...).Error() }
+func (p Problems) Unwrap() []error { return p }
 
 // validate is load, then provision, then validate (caddy's order): the
-// defaults are filled in, every rule is checked, then the files the
-// configuration names are read. It reports every problem, not only the
-// first.
-func (c *Config) validate() error {
+// defaults are filled in, every rule is checked, then (when no rule is
+// broken) the files the configuration names are read. It adds every
+// problem, not only the first.
+func (c *Config) validate(p *Problems) {
 	c.defaults()
-	var p Problems
-	c.check(&p)
-	if len(p) == 0 {
-		c.readFiles(&p)
+	c.check(p)
+	if len(*p) == 0 {
+		c.readFiles(p)
 	}
-	return p.err()
 }
 
 // defaults fills in every default of docs/protocol.md §5 (and docs/config.md's

@@ -101,7 +101,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 	base := "gateway_id: g\nmqtt: {broker: embedded}\n"
 	dev := "devices:\n  - {id: p, type: pump, driver: {url: \"http://x\"}}\n"
 	for _, tc := range []struct{ name, yaml, want string }{
-		{"unknown key", base + "extra: 1\n" + dev, "field extra not found"},
+		{"unknown key", base + "extra: 1\n" + dev, "extra (line 3): unknown key; the keys here are admin, coordination,"},
 		{"bad duration", base + "shutdown_timeout: 10\n" + dev, "shutdown_timeout"},
 		{"negative retention", base + "dedup: {retention: -1h}\n" + dev, "dedup.retention"},
 		{"bad prefix", "gateway_id: g\nmqtt: {broker: embedded, topic_prefix: \"a/#\"}\n" + dev, "mqtt.topic_prefix"},
@@ -171,6 +171,67 @@ devices:
 	for _, l := range lines {
 		if !strings.HasPrefix(l, "config: invalid: ") {
 			t.Errorf("line %q does not say config: invalid", l)
+		}
+	}
+}
+
+// An unknown key is reported as the user wrote it (its key path and line,
+// with the known key it is likely a typo of), so is a value of the wrong
+// type (no Go type name), and neither hides the file's other problems:
+// every one is reported, once, one per line.
+func TestUnknownKeysInTheUsersWords(t *testing.T) {
+	_, err := config.Parse([]byte(`gateway_id: gw-1
+mqtt:
+  broker: embedded
+  embeded_listen: 127.0.0.1:1883
+shutdown_timeout: soon
+security:
+  keys:
+    - {id: ctl-a, public_key_fil: /x.pub}
+devices:
+  - id: pump-7
+    type: pmp
+    driver:
+      url: htp://127.0.0.1:8081
+      timout: 2s
+    policy: {plugin: range-limit, limits: {memory_mb: 8}, config: {anything: goes}}
+  - id: relay-1
+    type: relay
+    driver: {kind: modbus, url: "tcp://h:502", actions: {on: {coil: 0, value: true, coill: 1}}}
+  - id: valve-1
+    type: valve
+    driver: {kind: bacnet, anything: 1}
+  - id: mixer-1
+    type: generic
+    queue: many
+    driver: {url: "http://x", idempotent: sure}
+plugins: [a]
+`))
+	var p config.Problems
+	if !errors.As(err, &p) || !errors.Is(err, config.ErrInvalid) {
+		t.Fatalf("got %v, want config.Problems", err)
+	}
+	want := []string{
+		"mqtt.embeded_listen (line 4): unknown key; did you mean embedded_listen?",
+		"security.keys[0] (ctl-a).public_key_fil (line 8): unknown key; did you mean public_key_file?",
+		"devices[0] (pump-7).driver.timout (line 14): unknown key; did you mean timeout?",
+		"devices[0] (pump-7).policy.limits.memory_mb (line 15): unknown key; did you mean memory_mib?",
+		"devices[1] (relay-1).driver.actions.on.coill (line 18): unknown key; did you mean coil?",
+		`shutdown_timeout (line 5): "soon" is not a duration (Go syntax: 2s, 150ms)`,
+		`devices[3] (mixer-1).queue (line 24): want a whole number, got "many"`,
+		`devices[3] (mixer-1).driver.idempotent (line 25): want true or false, got "sure"`,
+		`plugins (line 26): want a mapping (key: value), got a list`,
+		`devices[0] (pump-7).type: "pmp": want pump, valve, relay or generic`,
+		`devices[0] (pump-7).driver.url: "htp://127.0.0.1:8081": want http:// or https://`,
+		`devices[2] (valve-1).driver.kind: "bacnet": want http or modbus`,
+		"security.keys[0] (ctl-a).public_key_file: required", // the typo's consequence
+	}
+	if len(p) != len(want) || len(strings.Split(err.Error(), "\n")) != len(want) {
+		t.Errorf("%d problems reported, want %d:\n%v", len(p), len(want), err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), "config: invalid: "+w) {
+			t.Errorf("missing %q in:\n%v", w, err)
 		}
 	}
 }

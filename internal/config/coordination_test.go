@@ -36,7 +36,7 @@ func TestCoordinationProblems(t *testing.T) {
 		{"user alone", "{endpoints: [\"http://h:1\"], username: u}", "coordination.etcd.password_file: username and password_file go together"},
 		{"tls on http", "{endpoints: [\"http://h:1\"], tls: {ca_file: /x}}", "coordination.etcd.tls: set, but the endpoints are http://"},
 		{"missing ca", "{endpoints: [\"https://h:1\"], tls: {ca_file: /nonexistent/ca.pem}}", "coordination.etcd.tls.ca_file: open /nonexistent/ca.pem"},
-		{"unknown key", "{endpoints: [\"http://h:1\"], endpoint: x}", "field endpoint not found"},
+		{"unknown key", "{endpoints: [\"http://h:1\"], endpoint: x}", "coordination.etcd.endpoint (line 4): unknown key; did you mean endpoints?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\ncoordination:\n  etcd: " + tc.block + "\n" + secDev))

@@ -105,7 +105,7 @@ func TestModbusErrorsNameTheKey(t *testing.T) {
 		{"missing value", `{kind: modbus, url: "tcp://x:502", actions: {stop: {register: 0}}}`, `actions.stop.value: required`},
 		{"state point", `{kind: modbus, url: "tcp://x:502", ` + ok + `, state: {rpm: {}}}`, `devices[0] (p).driver.state.rpm: give register or coil`},
 		{"modbus keys on http", `{url: "http://x", unit_id: 3}`, `devices[0] (p).driver: unit_id, verify, settle, actions and state are only for kind: modbus`},
-		{"unknown key", `{kind: modbus, url: "tcp://x:502", registers: 1, ` + ok + `}`, `field registers not found`},
+		{"unknown key", `{kind: modbus, url: "tcp://x:502", registers: 1, ` + ok + `}`, `devices[0] (p).driver.registers (line 4): unknown key`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(head + tc.driver + "}\n"))

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -564,6 +566,12 @@ func (c *Client) current(gen uint64) bool {
 	return c.gen == gen && !c.closed
 }
 
+// filterList is filters' topic filters, sorted and comma-separated, as a
+// log line gives them.
+func filterList(filters map[string]byte) string {
+	return strings.Join(slices.Sorted(maps.Keys(filters)), ",")
+}
+
 // afterConnect subscribes (retrying while this connection lasts), marks
 // the client subscribed, then publishes OnlinePayload.
 func (c *Client) afterConnect(pc paho.Client, gen uint64) {
@@ -599,7 +607,7 @@ func (c *Client) afterConnect(pc paho.Client, gen uint64) {
 		if !c.current(gen) {
 			return // the connection went; the next onConnect subscribes again
 		}
-		c.log.Error("mqtt: subscribe failed, retrying", "filters", filters, "retry_in", backoff, "error", err)
+		c.log.Error("mqtt: subscribe failed, retrying", "filters", filterList(filters), "retry_in", backoff, "error", err)
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
@@ -624,7 +632,7 @@ func (c *Client) afterConnect(pc paho.Client, gen uint64) {
 		close(c.ready)
 	}
 	if len(filters) > 0 {
-		c.log.Info("mqtt: subscribed", "filters", filters)
+		c.log.Info("mqtt: subscribed", "filters", filterList(filters))
 	}
 	if c.o.OnlinePayload == nil || c.closing {
 		c.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -145,8 +146,12 @@ func NewEmbedded(o EmbeddedOptions) (*Embedded, error) {
 	return &Embedded{o: o, log: log}, nil
 }
 
-// minLevel passes on records at or above min: mochi logs every hook,
-// listener and connection at Info.
+// minLevel passes on mochi's records at or above min (mochi logs every
+// hook, listener and connection at Info), in the agent's words: a
+// connection that ends because it was closed (the broker's Close on a
+// clean stop, a session taken over) is no warning but a Debug record, and
+// a record without a message (mochi's listener logs "" when a connection
+// ends with an error) gets one.
 type minLevel struct {
 	slog.Handler
 	min slog.Level
@@ -154,6 +159,25 @@ type minLevel struct {
 
 func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "" {
+		r.Message = "mqtt: embedded broker: a connection ended"
+	}
+	closed := false
+	r.Attrs(func(a slog.Attr) bool {
+		err, ok := a.Value.Any().(error)
+		closed = ok && (errors.Is(err, net.ErrClosed) || errors.Is(err, mochi.ErrConnectionClosed))
+		return !closed
+	})
+	if closed {
+		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
+			return nil
+		}
+		r.Level = slog.LevelDebug
+	}
+	return h.Handler.Handle(ctx, r)
 }
 
 func (h minLevel) WithAttrs(a []slog.Attr) slog.Handler {
@@ -273,7 +297,8 @@ func (e *Embedded) Start(ctx context.Context) error {
 			}
 		}
 	}()
-	e.log.Info("mqtt: embedded broker listening", "addr", tcp.Address(), "data", path)
+	e.log.Info("mqtt: embedded broker listening", "addr", tcp.Address(), "tls", e.o.TLS != nil,
+		"password_file", e.o.Passwords != nil, "acl_file", e.o.ACL != nil, "data", path)
 	return nil
 }
 
