@@ -193,7 +193,10 @@ func (c *campaign) clone(f fault) {
 	w.record(f.Kind, "start", "", f.String())
 	done := make(chan string, 1)
 	w.agent.restart(agentCmd{kind: f.Kind, during: func(p *rig.Proc) {
-		if !rig.WaitFor(20*time.Second, func() bool { return w.agent.plain() && w.agent.ready() }) {
+		// A failpoint armed earlier may still end the agent: then no
+		// clone (its supervisor restarts it first).
+		ok := func() bool { return w.agent.plain() && w.agent.ready() }
+		if !rig.WaitFor(20*time.Second, func() bool { return !p.Running() || ok() }) || !ok() {
 			done <- "not started: the agent was not ready with no failpoint armed within 20s"
 			return
 		}
