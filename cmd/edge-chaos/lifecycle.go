@@ -182,15 +182,26 @@ func copyFile(from, to string) error {
 }
 
 // clone starts a second agent with the agent's gateway_id, another data
-// directory (a copy of the latest backup: a copied gateway image) and
-// another admin address, once the agent is ready and runs with no
-// failpoint armed, and while nothing restarts it. It must exit 1 within
+// directory (a copy of a backup: a copied gateway image) and another admin
+// address, once the agent is ready and runs with no failpoint armed (it is
+// restarted plain first if it has one), and while nothing restarts it. It must exit 1 within
 // session_ttl + 5 s (PROTOCOL §7, one agent per gateway) while the agent
 // keeps serving: the end record says "refused" or "NOT refused", which
 // the checker reads.
 func (c *campaign) clone(f fault) {
 	w := c.w
 	w.record(f.Kind, "start", "", f.String())
+	if !w.agent.plain() {
+		// A failpoint armed by an earlier fault could end the agent
+		// while the clone waits for its registration: a plain restart
+		// first (SIGTERM: its session ends at once).
+		up := make(chan struct{})
+		w.agent.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: f.Kind, up: up})
+		select {
+		case <-up:
+		case <-time.After(30 * time.Second):
+		}
+	}
 	done := make(chan string, 1)
 	w.agent.restart(agentCmd{kind: f.Kind, during: func(p *rig.Proc) {
 		// A failpoint armed earlier may still end the agent: then no
