@@ -16,6 +16,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/chaos"
 	"github.com/edge-agent/edge-agent/internal/rig"
+	"github.com/edge-agent/edge-agent/internal/store"
 )
 
 // The lifecycle faults (docs/testing.md, "Chaos campaign"): the agent's
@@ -98,10 +99,46 @@ func (w *world) olderBackup(n int) (backup, bool) {
 }
 
 // memoryLost records the moment the agent's store lost what it knew (the
-// old process stopped, the new one not yet started): the checker's epochs.
+// old process stopped, the new one not yet started: the checker's epochs),
+// and what it loses: the operations the stopped agent had accepted and
+// not yet answered (its inbox and its outbox, read from its store). With
+// the embedded broker, whose queues live in the data directory too, no
+// list: every operation not final by then may be lost.
 func (c *campaign) memoryLost(how string) {
 	c.lostAt.Store(time.Now().UnixNano())
-	c.w.record(chaos.KindMemoryLost, "start", how, "")
+	detail := ""
+	if !c.o.embedded {
+		ops, err := unanswered(filepath.Join(c.w.dataDir(), "agent.db"))
+		if err != nil {
+			detail = "unreadable: " + err.Error()
+		} else {
+			detail = chaos.LostDetail(ops)
+		}
+	}
+	c.w.record(chaos.KindMemoryLost, "start", how, detail)
+}
+
+// unanswered lists the op_ids in a stopped agent's inbox and outbox.
+func unanswered(path string) ([]string, error) {
+	st, err := store.Open(path, &store.Options{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	var ops []string
+	err = st.View(func(tx *store.Tx) error {
+		if err := tx.Inbox(func(e store.InboxEntry) error {
+			ops = append(ops, e.OpID)
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Outbox(func(e store.Outbox) error {
+			ops = append(ops, e.OpID)
+			return nil
+		})
+	})
+	return ops, err
 }
 
 // wipe stops the agent with SIGKILL, removes its data directory and

@@ -69,15 +69,16 @@ type CheckLine struct {
 
 // checker runs every check on a history.
 type checker struct {
-	h      *History
-	ops    map[string]*opHist
-	byDev  map[string][]*opHist
-	res    *CheckResult
-	dir    string
-	porTO  time.Duration
-	counts map[string]int
-	losses []int64 // when the store lost its memory, in order
-	floors []floorRec
+	h        *History
+	ops      map[string]*opHist
+	byDev    map[string][]*opHist
+	res      *CheckResult
+	dir      string
+	porTO    time.Duration
+	counts   map[string]int
+	losses   []int64 // when the store lost its memory, in order
+	lossRecs []loss
+	floors   []floorRec
 }
 
 // check runs the direct checks and the porcupine model on h, writing

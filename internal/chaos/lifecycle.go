@@ -24,16 +24,31 @@ import (
 // final seen before it is lost: its Result may have gone with the store,
 // so it is open in the model (applied if the journal has it) and exempt
 // from "every command final" and from "nothing rejected/failed applied".
+// Where the loss's record lists what the store held unanswered (its inbox
+// and outbox, read by the campaign from the stopped agent's store), only
+// those are lost: a command the broker acknowledged that never reached
+// the store is lost by the agent, not by the loss.
 const (
 	KindMemoryLost = "memory_lost" // target: how (wipe, restore)
 	KindFenceFloor = "fence_floor" // phase observed, target the device, detail FloorDetail
 	KindClone      = "agent_clone" // its end's detail begins "refused" or "NOT refused"
 )
 
+// LostDetail is a memory_lost record's detail: the op_ids the store
+// held unanswered (its inbox and outbox) when it was lost.
+func LostDetail(ops []string) string { return "unanswered: " + strings.Join(ops, " ") }
+
 // FloorDetail is a fence_floor record's detail: the floor the agent
 // reported, and the last time (Unix ns) it reported the value before (0:
 // never), so the floor was taken between that time and the record's.
 func FloorDetail(floor, since int64) string { return fmt.Sprintf("floor %d since %d", floor, since) }
+
+// loss is one loss of the store's memory: when, and the operations it
+// held unanswered (nil: not known, any not final by then).
+type loss struct {
+	t   int64
+	ops map[string]bool
+}
 
 type floorRec struct {
 	dev         string
@@ -47,6 +62,14 @@ func (c *checker) lifecycle() {
 		switch f.Kind {
 		case KindMemoryLost:
 			c.losses = append(c.losses, f.T)
+			l := loss{t: f.T}
+			if rest, ok := strings.CutPrefix(f.Detail, "unanswered:"); ok {
+				l.ops = map[string]bool{}
+				for _, op := range strings.Fields(rest) {
+					l.ops[op] = true
+				}
+			}
+			c.lossRecs = append(c.lossRecs, l)
 		case KindFenceFloor:
 			var r floorRec
 			if _, err := fmt.Sscanf(f.Detail, "floor %d since %d", &r.floor, &r.since); err == nil {
@@ -69,11 +92,11 @@ func (c *checker) markLost() {
 		if o.invoked == 0 {
 			continue
 		}
-		for _, l := range c.losses {
-			if o.invoked >= l {
+		for _, l := range c.lossRecs {
+			if o.invoked >= l.t || l.ops != nil && !l.ops[o.id] {
 				continue
 			}
-			if t, _, ok := o.finalAt(true); !ok || t >= l {
+			if t, _, ok := o.finalAt(true); !ok || t >= l.t {
 				o.lost = true
 				c.res.Lost++
 				break

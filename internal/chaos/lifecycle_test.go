@@ -90,6 +90,23 @@ func TestCheckerAcrossLostMemory(t *testing.T) {
 	}
 }
 
+// Where the loss's record lists what the store held unanswered, only those
+// operations are lost with it: one the broker acknowledged that never
+// reached the store (an acknowledgement ahead of the inbox's commit) is
+// still a command without a final Result.
+func TestLostOnlyWhatTheStoreHeld(t *testing.T) {
+	b := wiped()
+	for i, f := range b.h.Faults {
+		if f.Kind == KindMemoryLost {
+			b.h.Faults[i].Detail = LostDetail([]string{"a-10"})
+		}
+	}
+	res := Check(&b.h, t.TempDir(), 10*time.Second)
+	if res.Lost != 1 || len(res.Violations) != 1 || res.Violations[0].Check != "every command final" || res.Violations[0].Op != "b-5" {
+		t.Errorf("lost %d, violations %v; want a-10 lost and b-5 without a final Result", res.Lost, summarize(res.Violations))
+	}
+}
+
 // A clone that was not refused is a violation; a refused one is not.
 func TestCheckerClones(t *testing.T) {
 	for _, tc := range []struct {
