@@ -80,6 +80,10 @@ func TestBenchConfigsParse(t *testing.T) {
 	if cfg := check("agentYAML signed", agentYAML(dir, "tcp://127.0.0.1:1883", "127.0.0.1:0", "http://127.0.0.1:8081", key, 1), 1); len(cfg.Security.Keys) != 1 {
 		t.Fatalf("signed: %d keys, want 1", len(cfg.Security.Keys))
 	}
+	co := check("agentYAML with coordination", agentYAML(dir, "tcp://127.0.0.1:1883", "127.0.0.1:0", "http://127.0.0.1:8081", "", 64)+coordYAML("http://127.0.0.1:2379"), 64)
+	if co.Coordination.Etcd == nil || len(co.Coordination.Etcd.Endpoints) != 1 || co.Coordination.Etcd.Endpoints[0] != "http://127.0.0.1:2379" {
+		t.Fatalf("coordination: %+v", co.Coordination)
+	}
 	mb := check("modbusYAML", modbusYAML(dir, "tcp://127.0.0.1:1883", "", "127.0.0.1:5020", 3, false), 3)
 	if d := mb.Devices[2]; d.Driver.Kind != "modbus" || modbusOf(t, d.Driver).UnitID == nil || *modbusOf(t, d.Driver).UnitID != 3 || modbusOf(t, d.Driver).Verify != "" {
 		t.Fatalf("modbus device 2: %+v", d.Driver)

@@ -19,6 +19,11 @@
 // mosquitto or the embedded broker, and the store file's size after
 // -commands commands with the default retention; -idle adds an idle stretch
 // with systemd's watchdog on (its store probe's writes).
+//
+// With -coordination it measures what coordination.etcd costs instead
+// (coordination.go): the agent's CPU per command at the largest -devices
+// count with and without it, alternating runs, and its start-up time to
+// ready on a new store and on a restart, with and without it.
 package main
 
 import (
@@ -81,6 +86,8 @@ func main() {
 	fpCommands := flag.Int("commands", 20000, "with -footprint: commands per run, after a warm-up of 20 per device")
 	fpIdle := flag.Duration("idle", 0, "with -footprint: then measure the agent idle for this long, watchdog on (WATCHDOG_USEC=30s)")
 	fpData := flag.String("data-dir", "", "with -footprint: put the agents' data here, on a block device nothing else writes to (a loop mount), and count the bytes that reach it")
+	coord := flag.Bool("coordination", false, "measure the agent with coordination.etcd (one etcd member) against without: CPU per command at the largest -devices count, alternating runs, and start-up time to ready (coordination.go)")
+	coordRounds := flag.Int("coordination-rounds", 3, "with -coordination: rounds of each")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -105,6 +112,19 @@ func main() {
 	}
 	if *fpPlugins { // plugins_footprint.go
 		if err := runFootprintPlugins(); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *coord { // coordination.go
+		n := 0
+		for _, f := range splitList(*devs) {
+			var k int
+			fmt.Sscan(f, &k)
+			n = max(n, k)
+		}
+		if err := runCoordination(*dur, n, *coordRounds, *out); err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench:", err)
 			os.Exit(1)
 		}
@@ -527,6 +547,10 @@ type target struct {
 	// status page.
 	browser     string
 	withBrowser bool
+	// fence is the commands' fence (0: 1); coordination, when set, is
+	// the etcd endpoint of the agent's coordination.etcd (-coordination).
+	fence        int64
+	coordination string
 }
 
 // kind is what answers the commands.
@@ -600,7 +624,7 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 	case inProcess:
 		return startEcho(broker, "", 0)
 	case agentish:
-		stop, admin, err := startAgentProcesses(t.bins, t.dir, broker, keyFile, n, m, t.kind)
+		stop, admin, err := startAgentProcesses(t.bins, t.dir, broker, keyFile, coordYAML(t.coordination), n, m, t.kind)
 		if err != nil || !t.withBrowser {
 			return stop, err
 		}
@@ -671,7 +695,7 @@ func generate(broker string, n int, dur time.Duration, t target, m *cpuMeter) (s
 				if t.small {
 					params = fmt.Sprintf(`{"v":%d}`, i%60000)
 				}
-				c := wire.Command{OpID: op, Fence: 1, Action: "set", ReplyTo: reply, Params: json.RawMessage(params)}
+				c := wire.Command{OpID: op, Fence: max(t.fence, 1), Action: "set", ReplyTo: reply, Params: json.RawMessage(params)}
 				if t.kind == agentSignedKind {
 					exp := time.Now().Add(time.Minute).UTC()
 					c.Gateway, c.Device, c.ExpiresAt = gw, dev, &exp

@@ -90,8 +90,8 @@ func startSimProcess(bins string, n int, m *cpuMeter, modbus bool) (string, stri
 
 // startAgentProcesses runs firmware-sim and edge-agent (with every commit
 // fsynced, as configured by default) as processes, the agent's admin API on
-// a free port to wait for /readyz.
-func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, k kind) (func(), string, error) {
+// a free port to wait for /readyz; extra is added to its configuration.
+func startAgentProcesses(bins, dir, broker, keyFile, extra string, n int, m *cpuMeter, k kind) (func(), string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, "", err
 	}
@@ -109,7 +109,7 @@ func startAgentProcesses(bins, dir, broker, keyFile string, n int, m *cpuMeter, 
 	if k.modbus() {
 		yaml = modbusYAML(filepath.Join(dir, "data"), broker, admin, mbAddr, n, k == agentReadBackKind)
 	}
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(yaml+extra), 0o600); err != nil {
 		stopSim()
 		return nil, "", err
 	}

@@ -40,6 +40,12 @@ type agentCmd struct {
 	spec string
 	kind string        // the fault it is part of, for the record
 	up   chan struct{} // closed once the new process started (nil: not waited for)
+	// prepare runs while the agent is down (a wipe or a restore of its
+	// data directory); the new process starts after it returned.
+	prepare func()
+	// during, when set, runs instead of a restart while the agent runs
+	// and nothing else restarts it (a clone started beside it).
+	during func(p *rig.Proc)
 }
 
 func newAgentSup(w *world, cfg string, seed uint64) *agentSup {
@@ -82,10 +88,17 @@ func (a *agentSup) run() {
 			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
 			return
 		case c := <-a.cmds:
+			if c.during != nil {
+				c.during(p)
+				continue
+			}
 			p.Stop(c.sig, 15*time.Second)
 			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
 			if !a.pause(c.down) {
 				return
+			}
+			if c.prepare != nil {
+				c.prepare()
 			}
 			if err := a.start(c.spec); err != nil {
 				fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)

@@ -72,6 +72,7 @@ type campaign struct {
 
 	invoked  atomic.Int64
 	resolved atomic.Int64
+	lostAt   atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
 	stopOp   chan struct{}
 	opDone   chan struct{}
 }
@@ -148,6 +149,13 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	go c.operator()
 	progressDone := make(chan struct{})
 	go c.progress(progressDone)
+	watchDone := make(chan struct{})
+	floorsDone := make(chan struct{})
+	go func() {
+		defer close(floorsDone)
+		c.floorWatch(watchDone)
+	}()
+	go c.backupLoop(progressDone)
 	for _, f := range sched {
 		if d := time.Until(c.start.Add(f.At)); d > 0 {
 			time.Sleep(d)
@@ -169,6 +177,8 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	close(c.stopOp)
 	<-c.opDone
 	c.meta.Settled = time.Now().UnixNano()
+	close(watchDone)
+	<-floorsDone
 	w.agent.close()
 	c.obs.close()
 	w.stopAll()
@@ -238,7 +248,7 @@ func (c *campaign) setup() error {
 	}
 	w.adminURL = "http://" + admin
 	cfg := agentConfigPath(w.dir)
-	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, w.dataDir())), 0o644); err != nil {
 		return err
 	}
 	w.agent = newAgentSup(w, cfg, o.seed)
@@ -249,6 +259,9 @@ func (c *campaign) setup() error {
 	go w.agent.run()
 	if !rig.WaitFor(30*time.Second, w.agent.ready) {
 		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().Ended(), filepath.Join(w.dir, "procs.log"))
+	}
+	if _, err := w.takeBackup(); err != nil {
+		return err
 	}
 	obsLog, err := chaos.OpenLines(filepath.Join(w.dir, "observer.jsonl"))
 	if err != nil {
@@ -295,25 +308,50 @@ func (c *campaign) quiet() bool {
 }
 
 // operator resolves the writes held unknown on devices that cannot be
-// asked (queryable: false), from the firmware journal's truth, once nothing
-// can still land: the held write's unknown Result is 3s old and no fault
-// that delays writes (firmware latency, network latency or black hole) has
-// been active since a while. The firmware's hang never applies a write.
+// asked (queryable: false: those whose last Result was unknown, and those
+// the agent lists as held, GET /v1/ops?status=unknown), from the firmware
+// journal's truth, once nothing can still land: the held write's unknown
+// Result (or its listing) is 3s old and no fault that delays writes
+// (firmware latency, network latency or black hole) has been active since
+// a while. The firmware's hang never applies a write.
 func (c *campaign) operator() {
 	defer close(c.opDone)
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
+	listed := map[string]int64{} // dev/op -> first seen in GET /v1/ops?status=unknown
 	for {
 		select {
 		case <-c.stopOp:
 			return
 		case <-tick.C:
 		}
+		now := time.Now().UnixNano()
+		agentHeld := c.w.heldUnknown()
+		for k := range listed {
+			if !agentHeld[k] {
+				delete(listed, k)
+			}
+		}
+		for k := range agentHeld {
+			if listed[k] == 0 {
+				listed[k] = now
+			}
+		}
 		for _, d := range c.o.devices {
 			if d.Queryable {
 				continue
 			}
-			for op, at := range c.obs.held(d.ID) {
+			held := c.obs.held(d.ID)
+			// A store restored from a backup holds again what it held
+			// then, with no new Result: the agent's list says so.
+			for k, at := range listed {
+				if dev, op, _ := strings.Cut(k, "/"); dev == d.ID {
+					if _, ok := held[op]; !ok {
+						held[op] = at
+					}
+				}
+			}
+			for op, at := range held {
 				if time.Since(time.Unix(0, at)) < 3*time.Second || !c.quiet() {
 					continue
 				}
@@ -472,10 +510,13 @@ func (c *campaign) settle() {
 func (c *campaign) unfinished() []string {
 	files, _ := filepath.Glob(filepath.Join(c.w.dir, "ctl-*.jsonl"))
 	var out []string
+	lost := c.lostAt.Load()
 	for _, f := range files {
 		evs, _ := chaos.ReadLines[chaos.Event](f)
 		for _, e := range evs {
-			if e.Ev == chaos.EvPublished && !c.obs.finalSeen(e.Op) {
+			// One published before the store lost its memory may have
+			// lost its Result with it (the checker's "lost" operations).
+			if e.Ev == chaos.EvPublished && e.T >= lost && !c.obs.finalSeen(e.Op) {
 				out = append(out, e.Dev+"/"+e.Op)
 			}
 		}

@@ -71,7 +71,8 @@ func count(t *testing.T, out, label string) int {
 // A short fixed-seed campaign (make test): real processes, every fault of
 // one round of the schedule, and a history without a violation. The
 // faults are shown to have happened (the report counts them, the agent
-// was killed and crashed at its crash points, stale holders were fenced).
+// was killed and crashed at its crash points, stale holders were fenced,
+// its store was wiped and restored, a clone was refused).
 func TestCampaignShortRun(t *testing.T) {
 	needs(t)
 	agent := testkit.Build(t, "../edge-agent", "failpoints")
@@ -86,10 +87,13 @@ func TestCampaignShortRun(t *testing.T) {
 	if n := count(t, out, "commands (operations invoked)"); n < 500 {
 		t.Errorf("only %d commands in 60s", n)
 	}
-	for _, k := range []string{fCtlStale, fCtlKill, fAgentCrashPoint, fAgentSlowFsync, fBrokerRestart, fEtcdLeaderKill, fFwKill} {
+	for _, k := range []string{fCtlStale, fCtlKill, fAgentCrashPoint, fAgentSlowFsync, fBrokerRestart, fEtcdLeaderKill, fFwKill, fAgentWipe, fAgentRestore, fAgentClone} {
 		if count(t, out, k) == 0 {
 			t.Errorf("fault %s was not injected", k)
 		}
+	}
+	if !regexp.MustCompile(`one agent per gateway \(clones\) +0  \([1-9][0-9]* refused`).MatchString(out) {
+		t.Errorf("no clone of the gateway was started and refused")
 	}
 	if count(t, out, "signal killed") == 0 {
 		t.Errorf("the agent was never killed")
@@ -105,7 +109,7 @@ func TestMutantsAreCaught(t *testing.T) {
 	}
 	needs(t)
 	out, code := runBin(t, "../..", 40*time.Minute, "mutants", "-seed", "1", "-duration", "60s", "-settle", "30s")
-	if code != 0 || !regexp.MustCompile(`(?m)^caught 6/6$`).MatchString(out) {
+	if code != 0 || !regexp.MustCompile(`(?m)^caught 7/7$`).MatchString(out) {
 		t.Fatalf("edge-chaos mutants exit %d:\n%s", code, out)
 	}
 	t.Logf("%s", out)

@@ -175,6 +175,12 @@ func (c *campaign) inject(f fault) {
 			return
 		}
 		end("")
+	case fAgentWipe:
+		c.wipe(f)
+	case fAgentRestore:
+		c.restore(f)
+	case fAgentClone:
+		c.clone(f)
 	case fFwKill:
 		start(f.String())
 		w.firmwareProc().Kill()

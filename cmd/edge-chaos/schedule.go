@@ -28,6 +28,9 @@ const (
 	fFwDrop          = "fw_drop"            // firmware applies, then drops the connection unanswered
 	fFwHang          = "fw_hang"            // firmware holds applies unapplied
 	fFwKill          = "fw_kill"            // SIGKILL of the firmware, restarted (journal kept)
+	fAgentWipe       = "agent_wipe"         // SIGKILL of the agent, its data directory removed, restarted on an empty one
+	fAgentRestore    = "agent_restore"      // SIGKILL of the agent, an older online backup put in place of its store, restarted
+	fAgentClone      = chaos.KindClone      // a second agent with the same gateway_id and another data directory: refused
 )
 
 // faultKinds is one round of the schedule: every kind once (stale holders
@@ -35,7 +38,7 @@ const (
 // used up, so every kind is injected in every round of about a minute.
 var faultKinds = []string{fCtlStale, fCtlStale, fCtlPause, fCtlKill, fAgentKill, fAgentTerm, fAgentCrashPoint, fAgentCrashPoint,
 	fAgentSlowFsync, fAgentFailFsync, fBrokerRestart, fEtcdLeaderKill, fNetBroker, fNetFirmware, fNetEtcd,
-	fFwLatency, fFw503, fFwDrop, fFwHang, fFwKill}
+	fFwLatency, fFw503, fFwDrop, fFwHang, fFwKill, fAgentWipe, fAgentRestore, fAgentClone}
 
 // crashPoints are the agent's failpoints the schedule crashes at, cycled
 // in this order (the write path first: that is where at-most-once is at
@@ -85,7 +88,7 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSp
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	var out []fault
 	t := ms(1500, 2500)
-	point := 0
+	point, clones := 0, 0
 	for t < dur {
 		round := append([]string(nil), faultKinds...)
 		rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
@@ -145,13 +148,20 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSp
 				f.Device, f.For = dev(), ms(1000, 4000)
 			case fFwKill:
 				f.For = ms(200, 1500)
+			case fAgentWipe:
+				f.For = ms(200, 1000)
+			case fAgentRestore:
+				f.N, f.For = rng.IntN(64), ms(200, 1000)
+			case fAgentClone:
+				f.N = clones
+				clones++
 			}
 			if f.Kind == fNetFirmware && f.Mode == "" || k == fNetBroker && embedded {
 				f.Mode = []string{"latency", "cut", "reset_peer", "slow_close", "timeout"}[rng.IntN(5)]
 				f.N, f.For = 300+rng.IntN(1700), ms(1000, 5000)
 			}
 			out = append(out, f)
-			t += ms(1500, 4000)
+			t += ms(1200, 3200)
 		}
 	}
 	return out

@@ -54,6 +54,9 @@ type world struct {
 
 	ctlMu sync.Mutex
 	ctls  []*ctlSlot
+
+	bakMu   sync.Mutex
+	backups []backup
 }
 
 type etcdMember struct {
@@ -314,9 +317,17 @@ func (w *world) firmwareState(dev string) (json.RawMessage, error) {
 
 // --- agent configuration
 
-func (w *world) agentConfig(admin string) string {
+// agentConfig is the agent's configuration with its admin API on admin and
+// its store in data (a clone's differ in those two only). Its
+// coordination.etcd is the campaign's etcd, each member directly.
+func (w *world) agentConfig(admin, data string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\n", gatewayID, filepath.Join(w.dir, "agent-data"))
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\n", gatewayID, data)
+	var eps []string
+	for _, m := range w.etcd {
+		eps = append(eps, m.client)
+	}
+	fmt.Fprintf(&b, "coordination:\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n    session_ttl: %s\n", strings.Join(eps, ", "), sessionTTL)
 	if w.o.embedded {
 		fmt.Fprintf(&b, "mqtt:\n  broker: embedded\n  embedded_listen: %s\n  client_id: edge-agent-chaos\n  topic_prefix: %s\n", w.mosqAddr, prefix)
 	} else {

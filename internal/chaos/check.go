@@ -26,6 +26,7 @@ type opHist struct {
 	ctlResults   []seenResult // its controller's
 	journal      []sim.Entry
 	gaveUp       bool
+	lost         bool // invoked before a loss of the store's memory, no recorded final seen before it
 }
 
 type seenResult struct {
@@ -50,6 +51,7 @@ type CheckResult struct {
 	Barriers   int
 	Published  int
 	Exempt     int // published but allowed to be lost (embedded broker, see below)
+	Lost       int // invoked before the store lost its memory and not final by then (lifecycle.go)
 	Results    int
 	Outcomes   map[string]int // first final recorded code per op ("open": none)
 	Journal    int
@@ -67,13 +69,16 @@ type CheckLine struct {
 
 // checker runs every check on a history.
 type checker struct {
-	h      *History
-	ops    map[string]*opHist
-	byDev  map[string][]*opHist
-	res    *CheckResult
-	dir    string
-	porTO  time.Duration
-	counts map[string]int
+	h        *History
+	ops      map[string]*opHist
+	byDev    map[string][]*opHist
+	res      *CheckResult
+	dir      string
+	porTO    time.Duration
+	counts   map[string]int
+	losses   []int64 // when the store lost its memory, in order
+	lossRecs []loss
+	floors   []floorRec
 }
 
 // check runs the direct checks and the porcupine model on h, writing
@@ -81,12 +86,15 @@ type checker struct {
 func Check(h *History, dir string, porcupineTimeout time.Duration) *CheckResult {
 	c := &checker{h: h, ops: map[string]*opHist{}, byDev: map[string][]*opHist{}, dir: dir, porTO: porcupineTimeout,
 		res: &CheckResult{Outcomes: map[string]int{}, Porcupine: map[string]string{}}, counts: map[string]int{}}
+	c.lifecycle()
 	c.build()
+	c.markLost()
 	c.checkResults()
 	c.checkJournal()
 	c.checkFinal()
 	c.checkFinalMeansFinal()
 	c.checkModel()
+	c.checkClones()
 	sort.SliceStable(c.res.Violations, func(i, j int) bool { return c.res.Violations[i].T < c.res.Violations[j].T })
 	return c.res
 }
@@ -219,16 +227,20 @@ func (c *checker) checkResults() {
 		var final *wire.Result
 		var unknown bool
 		seen := map[string]bool{}
+		ep := 0
 		for _, s := range o.results {
 			r := s.r
 			// The same Result again (the outbox publishes at least once:
 			// after a crash, everything not yet confirmed is published
-			// again, in order) says nothing new.
-			sig := fmt.Sprintf("%s|%s|%d|%v|%d|%s|%s", r.Status, r.Code, r.At.UnixNano(), r.Duplicate, r.LastFence, canonicalJSON(r.Output), r.Reason)
-			if seen[sig] {
+			// again, in order; a restored store's outbox too) says
+			// nothing new.
+			if seen[resultSig(r)] {
 				continue
 			}
-			seen[sig] = true
+			seen[resultSig(r)] = true
+			if e := c.epoch(s.t); e != ep {
+				ep, final, unknown = e, nil, false // a store that forgot the op
+			}
 			if unexpected[r.Code] {
 				c.violate(name, o, s.t, "unexpected code %s (%s)", r.Code, r.Reason)
 				continue
@@ -277,6 +289,11 @@ func (c *checker) checkResults() {
 	c.line(name, "")
 }
 
+// resultSig is everything a Result says about its operation.
+func resultSig(r wire.Result) string {
+	return fmt.Sprintf("%s|%s|%d|%v|%d|%s|%s", r.Status, r.Code, r.At.UnixNano(), r.Duplicate, r.LastFence, canonicalJSON(r.Output), r.Reason)
+}
+
 // notFinal are the rejections that say nothing happened: the same op_id
 // may be sent again and end otherwise (docs/protocol.md, "What is
 // recorded").
@@ -286,15 +303,22 @@ var notFinal = map[wire.Code]bool{wire.CodeBusy: true, "fence_unconfirmed": true
 // busy and fence_unconfirmed) is never followed, for the same op_id, by a
 // different one, recorded or not. A replay (duplicate: true) says the same
 // outcome with the device's last_fence of now; the outbox's publishing the
-// very same Result again after a crash is not a second final either.
+// very same Result again after a crash is not a second final either. It
+// holds while the record is kept: within one memory epoch.
 func (c *checker) checkFinalMeansFinal() {
 	const name = "final means final"
 	for _, o := range c.ops {
 		var first *wire.Result
+		seen := map[string]bool{}
+		ep := 0
 		for _, s := range o.results {
 			r := s.r
-			if !r.Final() || notFinal[r.Code] || unexpected[r.Code] {
+			if !r.Final() || notFinal[r.Code] || unexpected[r.Code] || seen[resultSig(r)] {
 				continue // unexpected codes are reported by "results per operation"
+			}
+			seen[resultSig(r)] = true
+			if e := c.epoch(s.t); e != ep {
+				ep, first = e, nil
 			}
 			if first == nil {
 				rr := r
@@ -347,6 +371,8 @@ func (c *checker) checkJournal() {
 			continue
 		}
 		switch {
+		case o.lost && len(o.journal) > 0:
+			// Applied, and its Result may have gone with the store.
 		case s.r.Code == wire.CodeOK && o.action != wire.ActionFence && len(o.journal) == 0:
 			c.violate(applied, o, s.t, "answered applied/ok but the firmware's journal does not have it")
 		case s.r.Status != wire.StatusApplied && len(o.journal) > 0:
@@ -356,7 +382,7 @@ func (c *checker) checkJournal() {
 	// An op in the journal must end applied: an op whose only finals say
 	// it was not (device_unreachable...) while the hardware did it.
 	for _, o := range c.ops {
-		if len(o.journal) == 0 {
+		if len(o.journal) == 0 || o.lost {
 			continue
 		}
 		if _, ok := o.recordedFinal(); ok {
@@ -393,6 +419,9 @@ func (c *checker) checkFinal() {
 		if _, _, ok := o.finalAt(false); ok {
 			continue
 		}
+		if o.lost {
+			continue // counted in Lost
+		}
 		lastPub := o.published[len(o.published)-1]
 		if c.h.Meta.Broker == "embedded" {
 			exempt := false
@@ -415,6 +444,9 @@ func (c *checker) checkFinal() {
 	note := fmt.Sprintf("%d published", c.res.Published)
 	if c.res.Exempt > 0 {
 		note += fmt.Sprintf(", %d exempt (embedded broker crash)", c.res.Exempt)
+	}
+	if c.res.Lost > 0 {
+		note += fmt.Sprintf(", %d invoked before a loss of the store's memory", c.res.Lost)
 	}
 	c.line(name, note)
 }
@@ -440,6 +472,7 @@ func (c *checker) checkModel() {
 			}
 			ops = append(ops, c.operation(o, spec.Type))
 		}
+		ops = append(ops, c.floorOps(dev)...)
 		viz := filepath.Join(c.dir, "porcupine-"+dev+".html")
 		res, window, err := linCheck(spec.Type, ops, c.porTO, viz)
 		if res != porcupine.Illegal {
@@ -491,7 +524,9 @@ func (c *checker) operation(o *opHist, typ string) porcupine.Operation {
 	in := opIn{id: o.id, fence: o.fence, barrier: o.action == wire.ActionFence, typ: typ, action: o.action, params: o.params, applied: len(o.journal)}
 	out := opOut{open: true}
 	call, ret := o.invoked, never
-	if s, ok := o.recordedFinal(); ok {
+	if o.lost {
+		// Its Result may have gone with the store: open.
+	} else if s, ok := o.recordedFinal(); ok {
 		out = opOut{code: s.r.Code, lf: s.r.LastFence, lfKnown: true, output: canonicalJSON(s.r.Output)}
 		ret, _, _ = o.finalAt(true)
 	} else if t, r, ok := o.finalAt(true); ok && wire.Recorded(r.Code) {

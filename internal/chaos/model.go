@@ -32,6 +32,8 @@ import (
 //   - an operation with no final recorded Result is open: it may have had
 //     no effect or passed the fence check (raised last_fence); if the
 //     journal has it, it was applied (and had to pass the fence check);
+//   - a fence floor (the agent's, after its store lost its memory) raises
+//     last_fence to the floor if it is below;
 //   - anything applied twice, or a code outside this list, is illegal.
 //
 // An operation the journal has is pinned to the instant the firmware
@@ -51,7 +53,8 @@ type opIn struct {
 	typ     string // device type
 	action  string
 	params  json.RawMessage
-	applied int // journal entries of this op
+	applied int  // journal entries of this op
+	floor   bool // a fence floor the agent took: last_fence = max(last_fence, fence)
 }
 
 type opOut struct {
@@ -98,6 +101,10 @@ func fenceModel(typ string) porcupine.Model {
 // stepFence is the model's sequential specification: the states the device
 // can be in after op in state s, given what was observed (out).
 func stepFence(s devState, in opIn, out opOut) []devState {
+	if in.floor {
+		s.lf = max(s.lf, in.fence)
+		return []devState{s}
+	}
 	if in.applied > 1 {
 		return nil // at most once
 	}

@@ -1,0 +1,378 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edge-agent/edge-agent/internal/chaos"
+	"github.com/edge-agent/edge-agent/internal/rig"
+	"github.com/edge-agent/edge-agent/internal/store"
+)
+
+// The lifecycle faults (docs/testing.md, "Chaos campaign"): the agent's
+// memory lost (its data directory wiped, or an older online backup put
+// back in its place) and a clone (a second agent with the same gateway_id)
+// started beside it. The agent runs with coordination.etcd pointing at the
+// campaign's etcd, so each loss is recognised and the fence floor taken
+// (invariant 7); the floors the agent takes are recorded as it reports
+// them, for the checker's model.
+
+// sessionTTL is the agent's coordination.etcd.session_ttl: a restart after
+// a SIGKILL waits up to this (and a second) for its old registration to go.
+const sessionTTL = 3 * time.Second
+
+// backup is one online backup of the agent's store, taken during the run.
+type backup struct {
+	path string
+	at   time.Time
+}
+
+func (w *world) dataDir() string { return filepath.Join(w.dir, "agent-data") }
+
+// takeBackup takes an online backup through the admin API (edge-agent
+// backup --admin, GET /v1/backup) into dir/backups.
+func (w *world) takeBackup() (backup, error) {
+	w.bakMu.Lock()
+	n := len(w.backups)
+	w.bakMu.Unlock()
+	b := backup{path: filepath.Join(w.dir, "backups", fmt.Sprintf("agent-%03d.db", n)), at: time.Now()}
+	if err := os.MkdirAll(filepath.Dir(b.path), 0o755); err != nil {
+		return b, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, w.o.agentBin, "backup", "--admin", w.adminURL, "--out", b.path).CombinedOutput()
+	if err != nil {
+		return b, fmt.Errorf("edge-agent backup --admin: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	w.bakMu.Lock()
+	w.backups = append(w.backups, b)
+	w.bakMu.Unlock()
+	w.record("agent_backup", "start", filepath.Base(b.path), "edge-agent backup --admin (GET /v1/backup)")
+	return b, nil
+}
+
+// backupLoop takes a backup every 10 s while the agent is ready, until
+// stop is closed.
+func (c *campaign) backupLoop(stop <-chan struct{}) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if c.w.agent.ready() {
+			if _, err := c.w.takeBackup(); err != nil {
+				c.w.record("agent_backup", "error", "", err.Error())
+			}
+		}
+	}
+}
+
+// olderBackup picks one of the backups taken at least 5 s ago (n chooses
+// which), false when there is none.
+func (w *world) olderBackup(n int) (backup, bool) {
+	w.bakMu.Lock()
+	defer w.bakMu.Unlock()
+	var old []backup
+	for _, b := range w.backups {
+		if time.Since(b.at) >= 5*time.Second {
+			old = append(old, b)
+		}
+	}
+	if len(old) == 0 {
+		return backup{}, false
+	}
+	return old[n%len(old)], true
+}
+
+// memoryLost records the moment the agent's store lost what it knew (the
+// old process stopped, the new one not yet started: the checker's epochs),
+// and what it loses: the operations the stopped agent had accepted and
+// not yet answered (its inbox and its outbox, read from its store). With
+// the embedded broker, whose queues live in the data directory too, no
+// list: every operation not final by then may be lost.
+func (c *campaign) memoryLost(how string) {
+	c.lostAt.Store(time.Now().UnixNano())
+	detail := ""
+	if !c.o.embedded {
+		ops, err := unanswered(filepath.Join(c.w.dataDir(), "agent.db"))
+		if err != nil {
+			detail = "unreadable: " + err.Error()
+		} else {
+			detail = chaos.LostDetail(ops)
+		}
+	}
+	c.w.record(chaos.KindMemoryLost, "start", how, detail)
+}
+
+// unanswered lists the op_ids in a stopped agent's inbox and outbox.
+func unanswered(path string) ([]string, error) {
+	st, err := store.Open(path, &store.Options{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	var ops []string
+	err = st.View(func(tx *store.Tx) error {
+		if err := tx.Inbox(func(e store.InboxEntry) error {
+			ops = append(ops, e.OpID)
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Outbox(func(e store.Outbox) error {
+			ops = append(ops, e.OpID)
+			return nil
+		})
+	})
+	return ops, err
+}
+
+// wipe stops the agent with SIGKILL, removes its data directory and
+// starts it again on an empty one (a new disk).
+func (c *campaign) wipe(f fault) {
+	w := c.w
+	w.record(f.Kind, "start", "", f.String())
+	up := make(chan struct{})
+	w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind, up: up, prepare: func() {
+		c.memoryLost("wipe")
+		if err := os.RemoveAll(w.dataDir()); err != nil {
+			w.record(f.Kind, "error", "", err.Error())
+		}
+	}})
+	c.waitUp(f, up)
+}
+
+// restore stops the agent with SIGKILL and puts an older online backup in
+// place of its store.
+func (c *campaign) restore(f fault) {
+	w := c.w
+	b, ok := w.olderBackup(f.N)
+	if !ok {
+		w.record(f.Kind, "start", "", f.String())
+		w.record(f.Kind, "end", "", "not done: no backup 5s old yet")
+		return
+	}
+	w.record(f.Kind, "start", filepath.Base(b.path), fmt.Sprintf("%s, backup taken %.1fs ago", f, time.Since(b.at).Seconds()))
+	up := make(chan struct{})
+	w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind, up: up, prepare: func() {
+		c.memoryLost("restore")
+		err := os.RemoveAll(w.dataDir())
+		if err == nil {
+			err = os.MkdirAll(w.dataDir(), 0o750)
+		}
+		if err == nil {
+			err = copyFile(b.path, filepath.Join(w.dataDir(), "agent.db"))
+		}
+		if err != nil {
+			w.record(f.Kind, "error", "", err.Error())
+		}
+	}})
+	c.waitUp(f, up)
+}
+
+// waitUp waits for the restarted agent to be ready and records the end.
+func (c *campaign) waitUp(f fault, up chan struct{}) {
+	select {
+	case <-up:
+	case <-time.After(30 * time.Second):
+		c.w.record(f.Kind, "end", "", "the agent did not start within 30s")
+		return
+	}
+	t0 := time.Now()
+	ready := rig.WaitFor(30*time.Second, c.w.agent.ready)
+	c.w.record(f.Kind, "end", "", fmt.Sprintf("ready %v after %.1fs", ready, time.Since(t0).Seconds()))
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// clone starts a second agent with the agent's gateway_id, another data
+// directory (a copy of a backup: a copied gateway image) and another admin
+// address, once the agent is ready and runs with no failpoint armed (it is
+// restarted plain first if it has one), and while nothing restarts it. It must exit 1 within
+// session_ttl + 5 s (PROTOCOL §7, one agent per gateway) while the agent
+// keeps serving: the end record says "refused" or "NOT refused", which
+// the checker reads.
+func (c *campaign) clone(f fault) {
+	w := c.w
+	w.record(f.Kind, "start", "", f.String())
+	if !w.agent.plain() {
+		// A failpoint armed by an earlier fault could end the agent
+		// while the clone waits for its registration: a plain restart
+		// first (SIGTERM: its session ends at once).
+		up := make(chan struct{})
+		w.agent.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: f.Kind, up: up})
+		select {
+		case <-up:
+		case <-time.After(30 * time.Second):
+		}
+	}
+	done := make(chan string, 1)
+	w.agent.restart(agentCmd{kind: f.Kind, during: func(p *rig.Proc) {
+		// A failpoint armed earlier may still end the agent: then no
+		// clone (its supervisor restarts it first).
+		ok := func() bool { return w.agent.plain() && w.agent.ready() }
+		if !rig.WaitFor(20*time.Second, func() bool { return !p.Running() || ok() }) || !ok() {
+			done <- "not started: the agent was not ready with no failpoint armed within 20s"
+			return
+		}
+		done <- c.runClone(f, p)
+	}})
+	select {
+	case d := <-done:
+		w.record(f.Kind, "end", "", d)
+	case <-time.After(2 * time.Minute):
+		w.record(f.Kind, "end", "", "not started: the agent's supervisor was busy for 2 minutes")
+	}
+}
+
+func (c *campaign) runClone(f fault, real *rig.Proc) string {
+	w := c.w
+	dir := filepath.Join(w.dir, fmt.Sprintf("clone-%d", f.N))
+	data := filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o750); err != nil {
+		return "not started: " + err.Error()
+	}
+	if b, ok := w.olderBackup(0); ok {
+		if err := copyFile(b.path, filepath.Join(data, "agent.db")); err != nil {
+			return "not started: " + err.Error()
+		}
+	}
+	admin, err := rig.FreeAddr()
+	if err != nil {
+		return "not started: " + err.Error()
+	}
+	cfg := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, data)), 0o644); err != nil {
+		return "not started: " + err.Error()
+	}
+	var log bytes.Buffer // read once the clone ended
+	t0 := time.Now()
+	p, err := rig.Start(rig.Options{Out: io.MultiWriter(w.out, &log)}, w.o.agentBin, "run", "--config", cfg, "--log-level", "warn")
+	if err != nil {
+		return "not started: " + err.Error()
+	}
+	code, ended := p.Wait(sessionTTL + 15*time.Second)
+	took := time.Since(t0)
+	if !ended {
+		p.Kill()
+	}
+	msg := strings.TrimSpace(log.String())
+	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
+		msg = msg[i+1:]
+	}
+	realOK := real.Running() && rig.WaitFor(5*time.Second, w.agent.ready)
+	switch {
+	case !ended:
+		return fmt.Sprintf("NOT refused: the clone still ran after %.1fs (killed); the agent serving: %v", took.Seconds(), realOK)
+	case code != 1 || !strings.Contains(msg, "is registered"):
+		return fmt.Sprintf("NOT refused: the clone ended %s after %.1fs without naming the registration: %s", p.Ended(), took.Seconds(), msg)
+	case !realOK:
+		return fmt.Sprintf("NOT refused: the clone exited 1 after %.1fs, but the agent (pid %d) no longer serves", took.Seconds(), real.PID())
+	}
+	return fmt.Sprintf("refused: exit 1 after %.1fs; the agent (pid %d) still serving; %s", took.Seconds(), real.PID(), msg)
+}
+
+// floorWatch records every fence floor the agent reports
+// (GET /v1/devices/{dev} fence_floor) as it changes, with the last time
+// the old value was seen: the floor was taken between the two.
+func (c *campaign) floorWatch(stop <-chan struct{}) {
+	w := c.w
+	last := map[string]int64{}
+	seen := map[string]int64{}
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, d := range c.o.devices {
+			floor, ok := w.deviceFloor(d.ID)
+			now := time.Now().UnixNano()
+			if !ok {
+				continue
+			}
+			if floor != last[d.ID] {
+				w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[d.ID]))
+				last[d.ID] = floor
+			}
+			seen[d.ID] = now
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// deviceFloor asks the agent's admin API for a device's fence_floor.
+func (w *world) deviceFloor(dev string) (int64, bool) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(w.adminURL + "/v1/devices/" + dev)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	var d struct {
+		FenceFloor int64 `json:"fence_floor"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&d) != nil {
+		return 0, false
+	}
+	return d.FenceFloor, true
+}
+
+// heldUnknown is the agent's list of held writes (GET
+// /v1/ops?status=unknown) as "dev/op" (empty when it cannot be asked).
+func (w *world) heldUnknown() map[string]bool {
+	out := map[string]bool{}
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(w.adminURL + "/v1/ops?status=unknown")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	var page struct {
+		Ops []struct {
+			Device string `json:"device"`
+			OpID   string `json:"op_id"`
+		} `json:"ops"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&page) != nil {
+		return out
+	}
+	for _, o := range page.Ops {
+		out[o.Device+"/"+o.OpID] = true
+	}
+	return out
+}
