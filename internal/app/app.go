@@ -193,7 +193,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		Retention: cfg.Dedup.Retention.D(), KeepLast: cfg.Dedup.KeepLast}
 	a.ag, err = agent.New(agent.Options{Gateway: gw, Devices: devs, Store: a.st, Publisher: &a.pub, Drivers: drv,
 		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
-		Logger: a.log, Registry: a.reg, Fences: a.fm})
+		Logger: a.log, Registry: a.reg, Fences: a.fm, Proven: a.fm.Proven})
 	if err != nil {
 		return err
 	}
@@ -202,6 +202,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		return err
 	}
 	a.watchFailures()
+	a.standDown()
 	statusTopic := wire.StatusTopic(cfg.MQTT.TopicPrefix, cfg.GatewayID)
 	online, err := json.Marshal(wire.GatewayStatus{State: "online", Version: a.o.Version})
 	if err != nil {
@@ -227,9 +228,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.pub.set(a.mc)
 	if a.adm != nil {
-		a.handler.set(admin.Handler(a.ag, admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
-			Coordination: a.coordination}))
+		a.handler.set(admin.Handler(a.ag, a.adminOptions()))
 	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
@@ -248,6 +247,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.log.Info("edge-agent running", "gateway", cfg.GatewayID, "broker", a.BrokerURL(), "devices", len(cfg.Devices), "version", a.o.Version)
 	return nil
+}
+
+// adminOptions are the admin API's options.
+func (a *App) adminOptions() admin.Options {
+	cfg := a.cfg
+	return admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
+		Ready: a.Ready, OffLoopback: !config.IsLoopback(cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
+		Coordination: a.coordination, Role: a.role}
 }
 
 // Ready is nil once the store is open, plugins are loaded and MQTT is

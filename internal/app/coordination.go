@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
 )
 
@@ -21,13 +22,45 @@ func (a *App) startFenceMemory(ctx context.Context) error {
 		ids = append(ids, d.ID)
 	}
 	a.fm = fencemem.New(fencemem.Options{Etcd: cfg.Coordination.Etcd, Gateway: cfg.GatewayID, Devices: ids,
-		Store: a.st, Version: a.o.Version, Logger: a.log})
+		Store: a.st, Version: a.o.Version, Logger: a.log, HA: cfg.HA.Enabled, SafetyMargin: cfg.HA.SafetyMargin.D()})
 	a.boot.set("checking the fence memory")
+	if cfg.HA.Enabled && a.adm != nil {
+		// A standby waits inside Start: its admin API says so.
+		a.handler.set(admin.Standby(a.adminOptions()))
+		defer a.handler.set(a.startingHandler())
+	}
 	err := a.fm.Start(ctx)
 	if errors.Is(err, fencemem.ErrClaimed) {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	return err
+}
+
+// role is GET /v1/status's "role" (docs/protocol.md §8).
+func (a *App) role() admin.Role {
+	r, host := a.fm.Role()
+	return admin.Role{Role: r, ActiveHost: host}
+}
+
+// standDown stops serving once the active stood down (ha): the admin API
+// is the standby's, and the MQTT session is closed, so no command comes
+// in; the worker's gate already sends no write (Proven is false).
+func (a *App) standDown() {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		select {
+		case <-a.fm.Down():
+		case <-a.stopFail:
+			return
+		}
+		if a.adm != nil {
+			a.handler.set(admin.Standby(a.adminOptions()))
+		}
+		if a.mc != nil {
+			a.mc.Close()
+		}
+	}()
 }
 
 // coordination is GET /v1/status's "coordination".

@@ -1,0 +1,188 @@
+package fencemem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// A standby that takes over (docs/protocol.md §8, docs/design.md). With
+// ha, the agent that holds {cp}/gateways/{gw} is active; another one with
+// the same gateway_id waits as standby inside Start (so nothing after it
+// runs: no broker session, no device) until the key is gone, then
+// registers and takes the floor for every device with reason takeover.
+//
+// The active proves its session with keepalives of its own (besides the
+// session's): each confirmed one moves lastSent to when it was sent, on
+// the monotonic clock, and Proven is true only while less than
+// session_ttl - safety_margin has passed since. When it stops being true
+// the active stands down: the session is revoked (so the standby need not
+// wait for it to expire) and it waits as standby, which the worker's gate
+// turns into "no write is sent".
+
+// Roles of an agent (GET /v1/status).
+const (
+	RoleActive  = "active"
+	RoleStandby = "standby"
+	RoleSingle  = "single"
+)
+
+// ReasonTakeover is the floor's reason when a standby becomes active.
+const ReasonTakeover = "takeover"
+
+// Role returns the agent's role and, on a standby, the active's host.
+func (m *Memory) Role() (role, activeHost string) {
+	if !m.o.HA {
+		return RoleSingle, ""
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.active {
+		return RoleActive, ""
+	}
+	return RoleStandby, m.activeHost
+}
+
+// Down is closed when the active stands down (the agent stops serving).
+func (m *Memory) Down() <-chan struct{} { return m.down }
+
+// Proven reports whether the session is proven alive: always without ha;
+// with it, while this agent is active and less than session_ttl -
+// safety_margin has passed since the send of the last keepalive etcd
+// confirmed. The worker sends no write to a device while it is false.
+func (m *Memory) Proven() bool {
+	if !m.o.HA {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.active && time.Since(m.lastSent) < m.o.Etcd.SessionTTL.D()-m.o.SafetyMargin
+}
+
+// renewInterval is the pause between the active's own keepalives: a third
+// of the time a confirmed one proves the session for, so a lost one or
+// two do not close the gate.
+func (m *Memory) renewInterval() time.Duration {
+	return max((m.o.Etcd.SessionTTL.D()-m.o.SafetyMargin)/3, 50*time.Millisecond)
+}
+
+// becomeActive marks the agent active from the send time sent of the
+// session's grant, and starts proving the session.
+func (m *Memory) becomeActive(sess *concurrency.Session, sent time.Time) {
+	m.mu.Lock()
+	m.active, m.activeHost, m.lastSent = true, "", sent
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go m.prove(sess)
+}
+
+// prove sends a keepalive every renewInterval and moves lastSent on each
+// confirmed one; once Proven is false it stands down.
+func (m *Memory) prove(sess *concurrency.Session) {
+	defer m.wg.Done()
+	t := time.NewTicker(m.renewInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(m.ctx, m.renewInterval())
+		_, err := m.cli.KeepAliveOnce(ctx, sess.Lease())
+		cancel()
+		if err == nil {
+			m.mu.Lock()
+			if sent.After(m.lastSent) {
+				m.lastSent = sent
+			}
+			m.mu.Unlock()
+		}
+		if !m.Proven() {
+			m.standDown(err)
+			return
+		}
+	}
+}
+
+// standDown ends the active's session and waits as standby; when the
+// registration is free again, Failed reports ErrDeposed.
+func (m *Memory) standDown(cause error) {
+	close(m.down)
+	m.mu.Lock()
+	m.active = false
+	sess := m.sess
+	m.sess = nil
+	m.mu.Unlock()
+	m.log.Error("ha: the etcd session cannot be proven alive within session_ttl - safety_margin; no write is sent to any device, this agent stands down as standby",
+		"session_ttl", m.o.Etcd.SessionTTL.D(), "safety_margin", m.o.SafetyMargin, "err", cause)
+	m.setState("unreachable", "stood down: the session could not be proven alive")
+	if sess != nil {
+		sess.Orphan()
+		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
+		m.cli.Revoke(ctx, sess.Lease())
+		cancel()
+	}
+	gwKey := m.key("gateways", m.o.Gateway)
+	for m.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
+		resp, err := m.cli.Get(ctx, gwKey)
+		cancel()
+		if err == nil {
+			if len(resp.Kvs) == 0 {
+				m.fail(fmt.Errorf("%w: gateway %s's registration is free again; restart to take over (the floor with reason takeover comes first)", ErrDeposed, m.o.Gateway))
+				return
+			}
+			m.standbyOf(string(resp.Kvs[0].Value))
+		}
+		select {
+		case <-m.ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// standbyOf records the registration cur (another agent's) as the active.
+func (m *Memory) standbyOf(cur string) {
+	var r registration
+	json.Unmarshal([]byte(cur), &r)
+	m.mu.Lock()
+	changed := m.activeHost != r.Host
+	m.activeHost = r.Host
+	m.mu.Unlock()
+	if changed {
+		m.log.Info("ha: standby; the active agent runs elsewhere", "gateway", m.o.Gateway, "active_host", r.Host, "active_pid", r.PID)
+	}
+}
+
+// startHA is Start with ha: the check-in is tried until it succeeds, as
+// standby meanwhile (an agent that cannot reach etcd must not connect to
+// the broker with the gateway's client ID).
+func (m *Memory) startHA(ctx context.Context) error {
+	for {
+		err := m.checkIn(ctx)
+		switch {
+		case err == nil:
+			m.wg.Add(1)
+			go m.watch()
+			return nil
+		case errors.Is(err, ErrClaimed):
+			m.Close()
+			return err
+		case ctx.Err() != nil:
+			m.Close()
+			return ctx.Err()
+		}
+		m.unreachable(err)
+		m.log.Warn("ha: standby until etcd can be reached", "endpoints", m.o.Etcd.Endpoints, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(m.o.Retry):
+		}
+	}
+}
