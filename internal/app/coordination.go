@@ -7,6 +7,7 @@ import (
 
 	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
 )
 
 // startFenceMemory checks the store's fence memory (internal/fencemem)
@@ -42,23 +43,40 @@ func (a *App) role() admin.Role {
 	return admin.Role{Role: r, ActiveHost: host}
 }
 
-// standDown stops serving once the active stood down (ha): the admin API
-// is the standby's, and the MQTT session is closed, so no command comes
-// in; the worker's gate already sends no write (Proven is false).
-func (a *App) standDown() {
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		select {
-		case <-a.fm.Down():
-		case <-a.stopFail:
-			return
-		}
+// onRole follows the agent's role after Start (ha): standing down, the
+// admin API is the standby's and the MQTT session is closed, so no command
+// comes in (the worker's gate already sends no write: Proven is false);
+// active again (the floor for every device taken), a new MQTT session
+// with the gateway's client ID takes the commands queued in the broker.
+func (a *App) onRole(active bool) {
+	select {
+	case <-a.stopFail:
+		return // stopping
+	default:
+	}
+	if !active {
 		if a.adm != nil {
 			a.handler.set(admin.Standby(a.adminOptions()))
 		}
-		if a.mc != nil {
-			a.mc.Close()
+		if mc := a.pub.c.Load(); mc != nil {
+			mc.Close()
+		}
+		return
+	}
+	mc, err := mqtt.New(a.mqttOpts)
+	if err != nil {
+		a.log.Error("ha: the MQTT client", "err", err)
+		return
+	}
+	a.pub.set(mc)
+	if a.adm != nil {
+		a.handler.set(admin.Handler(a.ag, a.adminOptions()))
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := mc.Start(a.runCtx); err != nil {
+			a.log.Error("ha: connecting to the broker", "err", err)
 		}
 	}()
 }

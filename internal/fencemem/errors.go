@@ -16,10 +16,3 @@ var (
 	// as this gateway meanwhile); the check is done again.
 	ErrRaced = errors.New("fencemem: the store record in etcd changed meanwhile")
 )
-
-// ErrDeposed is reported by Failed, with ha, when this agent was active,
-// could no longer prove its session alive, stood down as standby, and
-// then saw the registration free again: the process exits 1 and, started
-// again by its supervisor, takes over as a new active (the floor with
-// reason takeover first).
-var ErrDeposed = errors.New("fencemem: this agent stood down as active")

@@ -109,7 +109,7 @@ type Memory struct {
 	activeHost string
 	lastSent   time.Time
 	waited     bool
-	down       chan struct{}
+	onRole     func(active bool)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -148,7 +148,7 @@ func New(o Options) *Memory {
 	if o.Retry == 0 {
 		o.Retry = time.Second
 	}
-	m := &Memory{o: o, log: o.Logger, confirmed: map[string]*atomic.Bool{}, failed: make(chan struct{}), down: make(chan struct{}), state: "off"}
+	m := &Memory{o: o, log: o.Logger, confirmed: map[string]*atomic.Bool{}, failed: make(chan struct{}), state: "off"}
 	for _, d := range o.Devices {
 		m.confirmed[d] = &atomic.Bool{}
 	}
@@ -650,6 +650,18 @@ func (m *Memory) confirm(ctx context.Context) error {
 		}
 		if err := m.putDoubts(tx, doubts, add); err != nil {
 			return err
+		}
+		if whole == ReasonTakeover {
+			// A takeover is named even where another doubt was already
+			// recorded (a standby's new store).
+			for dev, why := range doubts {
+				if !strings.HasPrefix(why, ReasonTakeover) {
+					doubts[dev] = fmt.Sprintf("%s (%s)", ReasonTakeover, why)
+					if err := tx.PutDoubt(dev, doubts[dev]); err != nil {
+						return err
+					}
+				}
+			}
 		}
 		return tx.PutIdentity(next)
 	})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -47,8 +46,23 @@ func (m *Memory) Role() (role, activeHost string) {
 	return RoleStandby, m.activeHost
 }
 
-// Down is closed when the active stands down (the agent stops serving).
-func (m *Memory) Down() <-chan struct{} { return m.down }
+// OnRole sets the function told when, after Start, the agent stands
+// down (active false: it stops serving) and when it becomes active again
+// (true: the floor for every device is taken, it may serve).
+func (m *Memory) OnRole(fn func(active bool)) {
+	m.mu.Lock()
+	m.onRole = fn
+	m.mu.Unlock()
+}
+
+func (m *Memory) tell(active bool) {
+	m.mu.Lock()
+	fn := m.onRole
+	m.mu.Unlock()
+	if fn != nil {
+		fn(active)
+	}
+}
 
 // Proven reports whether the session is proven alive: always without ha;
 // with it, while this agent is active and less than session_ttl -
@@ -110,10 +124,10 @@ func (m *Memory) prove(sess *concurrency.Session) {
 	}
 }
 
-// standDown ends the active's session and waits as standby; when the
-// registration is free again, Failed reports ErrDeposed.
+// standDown ends the active's session and waits as standby until it can
+// register again: then it is active again, the floor for every device
+// (reason takeover) taken first.
 func (m *Memory) standDown(cause error) {
-	close(m.down)
 	m.mu.Lock()
 	m.active = false
 	sess := m.sess
@@ -128,21 +142,24 @@ func (m *Memory) standDown(cause error) {
 		m.cli.Revoke(ctx, sess.Lease())
 		cancel()
 	}
-	gwKey := m.key("gateways", m.o.Gateway)
+	m.tell(false)
 	for m.ctx.Err() == nil {
-		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
-		resp, err := m.cli.Get(ctx, gwKey)
-		cancel()
-		if err == nil {
-			if len(resp.Kvs) == 0 {
-				m.fail(fmt.Errorf("%w: gateway %s's registration is free again; restart to take over (the floor with reason takeover comes first)", ErrDeposed, m.o.Gateway))
-				return
-			}
-			m.standbyOf(string(resp.Kvs[0].Value))
+		err := m.checkIn(m.ctx)
+		switch {
+		case err == nil:
+			m.log.Info("ha: active again; the floor for every device is taken", "gateway", m.o.Gateway)
+			m.tell(true)
+			return
+		case errors.Is(err, ErrClaimed):
+			m.fail(err)
+			return
+		case m.ctx.Err() != nil:
+			return
 		}
+		m.unreachable(err)
 		select {
 		case <-m.ctx.Done():
-		case <-time.After(250 * time.Millisecond):
+		case <-time.After(m.o.Retry):
 		}
 	}
 }
