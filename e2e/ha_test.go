@@ -15,6 +15,7 @@ import (
 	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/firmware-sim/sim"
 	"github.com/edge-agent/edge-agent/internal/testkit"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
 // A standby that takes over (docs/protocol.md §8, invariants 1, 2 and 7):
@@ -164,6 +165,12 @@ func TestHATakeover(t *testing.T) {
 	want(t, f.cmdOp("op-new2", g3, "set", `{"rpm":400}`), wire.StatusApplied, wire.CodeOK)
 	if got := f.journalOps()[atTakeover:]; !slices.Equal(got, []string{"op-new", "op-new2"}) {
 		t.Fatalf("the firmware's journal after the takeover: %v (the old active's queued writes must never reach it)", got)
+	}
+	// The deposed active's stand-down did not mark the gateway offline.
+	st := mqtttest.Await(t, mqtttest.Subscribe(t, f.broker, wire.StatusTopic(wire.DefaultPrefix, gw)), 10*time.Second,
+		func(mqtttest.Received) bool { return true })
+	if !strings.Contains(string(st.Payload), `"online"`) {
+		t.Fatalf("the gateway's retained status once the old active stood down: %s", st.Payload)
 	}
 
 	// (b) The new active is killed: the old one takes over again.
