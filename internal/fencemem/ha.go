@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"time"
 
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -172,7 +173,11 @@ func (m *Memory) standbyOf(cur string) {
 	changed := m.activeHost != r.Host
 	m.activeHost = r.Host
 	m.mu.Unlock()
-	if changed {
+	switch host, _ := os.Hostname(); {
+	case !changed:
+	case r.PID == os.Getpid() && r.Host == host:
+		m.log.Info("ha: standby until this agent's own registration of an ended session expires", "gateway", m.o.Gateway)
+	default:
 		m.log.Info("ha: standby; the active agent runs elsewhere", "gateway", m.o.Gateway, "active_host", r.Host, "active_pid", r.PID)
 	}
 }
