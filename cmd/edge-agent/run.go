@@ -68,6 +68,10 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	sd := newNotifier(log)
 	a := app.New(cfg, app.Options{Logger: log, Version: Version, Revision: Commit, MQTTGrace: sd.mqttGrace()})
 	if err := a.Start(ctx); err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			log.Info("stopped before start-up finished (with ha: while standby)")
+			return nil
+		}
 		if errors.Is(err, app.ErrConfig) {
 			return configErr(err)
 		}

@@ -36,6 +36,68 @@ type Options struct {
 	// Coordination is GET /v1/status's "coordination" (docs/protocol.md
 	// §7); nil means {"state": "off"}.
 	Coordination func() any
+	// Role is GET /v1/status's "role" and, on a standby, the active's
+	// host (docs/protocol.md §8); nil means single.
+	Role func() Role
+}
+
+// The roles of GET /v1/status (docs/protocol.md §8).
+const (
+	RoleActive  = "active"
+	RoleStandby = "standby"
+	RoleSingle  = "single" // without ha
+)
+
+// Role is an agent's role; ActiveHost is set on a standby.
+type Role struct {
+	Role       string
+	ActiveHost string
+}
+
+func (o Options) role() Role {
+	if o.Role == nil {
+		return Role{Role: RoleSingle}
+	}
+	return o.Role()
+}
+
+// Standby serves the admin API of a standby (docs/protocol.md §8):
+// /healthz, /readyz (503, saying which host is active), /metrics and
+// GET /v1/status with its role; everything else is 503. The access rules
+// of Handler hold.
+func Standby(o Options) http.Handler {
+	mux := http.NewServeMux()
+	g := o.Gatherer
+	if g == nil {
+		g = prometheus.DefaultGatherer
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "not ready: standby (active: "+o.role().ActiveHost+")", http.StatusServiceUnavailable)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		st := GatewayStatus{Version: o.Version, Plugins: []PluginStatus{}, Coordination: map[string]string{"state": "off"}}
+		if st.Version == "" {
+			st.Version = "dev"
+		}
+		if o.Coordination != nil {
+			st.Coordination = o.Coordination()
+		}
+		ro := o.role()
+		st.Role, st.ActiveHost = ro.Role, ro.ActiveHost
+		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "standby: the active agent is on "+o.role().ActiveHost, http.StatusServiceUnavailable)
+	})
+	if o.OffLoopback {
+		return tokenGate(mux, o.Token)
+	}
+	return mux
 }
 
 // Handler serves docs/protocol.md §3 for a.

@@ -44,6 +44,10 @@ type GatewayStatus struct {
 	// Coordination is the fence memory beyond this disk
 	// (docs/protocol.md §7).
 	Coordination any `json:"coordination"`
+	// Role is active, standby or single; ActiveHost is the active's host,
+	// on a standby (docs/protocol.md §8).
+	Role       string `json:"role"`
+	ActiveHost string `json:"active_host,omitempty"`
 }
 
 // status builds GET /v1/status.
@@ -66,6 +70,8 @@ func status(a *agent.Agent, o Options) GatewayStatus {
 	if o.Coordination != nil {
 		st.Coordination = o.Coordination()
 	}
+	ro := o.role()
+	st.Role, st.ActiveHost = ro.Role, ro.ActiveHost
 	return st
 }
 

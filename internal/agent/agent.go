@@ -80,6 +80,10 @@ type Options struct {
 	// Fences says whether a device's fences are confirmed
 	// (docs/protocol.md §7). Nil: always (no coordination).
 	Fences FenceMemory
+	// Proven says whether this agent's coordination session is proven
+	// alive (docs/protocol.md §8: with ha, the active's). No write is
+	// sent to a device while it is false. Nil: always.
+	Proven func() bool
 	// ResendWait is the pause before the n-th resend of an operation the
 	// device confirmed unapplied (n >= 1). Nil: 200ms doubling to 10s,
 	// with jitter.

@@ -227,6 +227,8 @@ type rig struct {
 	// store's fence memory with (a real internal/fencemem.Memory).
 	coord *config.Etcd
 	fm    *fencemem.Memory
+	// proven, when set, is the agent's Options.Proven (the ha gate).
+	proven *atomic.Bool
 }
 
 func newRig(t *testing.T, drv *fakeDriver) *rig {
@@ -282,7 +284,8 @@ func (r *rig) start(path string) {
 	}
 	a, err := New(Options{Gateway: resolvedGateway(r.cfg), Devices: resolvedDevices(r.cfg), Store: st, Publisher: r.pub, Drivers: drivers,
 		Logger: slog.New(slog.DiscardHandler), QueryWait: func(int) time.Duration { return time.Millisecond },
-		ResendWait: func(int) time.Duration { return time.Millisecond }, Fences: fences})
+		ResendWait: func(int) time.Duration { return time.Millisecond }, Fences: fences,
+		Proven: func() bool { return r.proven == nil || r.proven.Load() }})
 	if err != nil {
 		r.t.Fatal(err)
 	}

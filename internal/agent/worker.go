@@ -293,6 +293,7 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 	a := w.a
 	var state json.RawMessage
 	var err error
+	var raise bool // the last StepSend's
 	// The admin API's "pending" is 1 from the write's pending record to
 	// its end, without a gap between the steps (an unknown Result is
 	// published between the write and the asking).
@@ -317,8 +318,12 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 					continue
 				}
 			}
+			if err := w.awaitProven(&o); err != nil {
+				return false, err
+			}
 			// Invariant 3: last_fence and the pending record, with the
 			// key of the write, are durable before anything is sent.
+			raise = dec.Raise
 			stale, err := w.pend(rt, &o, dec.Raise)
 			if err != nil {
 				return false, err
@@ -330,6 +335,14 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 			failpoint.Hit(failpoint.AfterPending, o.OpID)
 			dec = Decision{Step: stepWrite}
 		case stepWrite:
+			if !w.a.proven() {
+				// The session stopped being proven after the pending
+				// record: this key is never sent. Once proven again (a
+				// new activation, the takeover floor taken first), pend
+				// judges the op against the floor under a new key.
+				dec = Decision{Step: StepSend, Raise: raise}
+				continue
+			}
 			if dec, state, err = w.write(rt, &o); err != nil {
 				return false, err
 			}
@@ -392,6 +405,25 @@ func (w *worker) awaitConfirmed(rt *devRT, o *store.Op) error {
 				"device", o.Device, "op_id", o.OpID)
 		}
 		if err := w.pause(200 * time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// proven is Options.Proven: whether a write may be sent now.
+func (a *Agent) proven() bool { return a.o.Proven == nil || a.o.Proven() }
+
+// awaitProven waits, before a write's pending record, until the session
+// is proven alive (docs/protocol.md §8: a deposed or standby agent sends
+// no write). The op stays in the store meanwhile, holding its device.
+func (w *worker) awaitProven(o *store.Op) error {
+	for logged := false; !w.a.proven(); logged = true {
+		if !logged {
+			w.a.log.Warn("no write is sent while the coordination session is not proven alive (ha: standing down)",
+				"device", o.Device, "op_id", o.OpID)
+		}
+		if err := w.pause(100 * time.Millisecond); err != nil {
 			return err
 		}
 	}

@@ -60,11 +60,14 @@ type App struct {
 	http *device.HTTP
 	mb   *device.Modbus
 	ag   *agent.Agent
-	mc   *mqtt.Client
 	adm  *http.Server
 	ln   net.Listener
 	reg  *prometheus.Registry
-	pub  lateClient
+	pub  lateClient // the MQTT client
+	// mqttOpts are the MQTT client's options: with ha, a new client is
+	// made with them each time this agent becomes active again.
+	mqttOpts mqtt.Options
+	runCtx   context.Context // Start's
 
 	mqttErr chan error
 	boot    startup       // what Start is doing (startup.go)
@@ -110,6 +113,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		}
 	}()
 	cfg := a.cfg
+	a.runCtx = ctx
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
 	}
@@ -191,7 +195,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 		Retention: cfg.Dedup.Retention.D(), KeepLast: cfg.Dedup.KeepLast}
 	a.ag, err = agent.New(agent.Options{Gateway: gw, Devices: devs, Store: a.st, Publisher: &a.pub, Drivers: drv,
 		Policy: ev, Auth: ver, ResultKey: cfg.Security.ResultKey,
-		Logger: a.log, Registry: a.reg, Fences: a.fm})
+		Logger: a.log, Registry: a.reg, Fences: a.fm, Proven: a.fm.Proven})
 	if err != nil {
 		return err
 	}
@@ -209,7 +213,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.mc, err = mqtt.New(mqtt.Options{
+	a.mqttOpts = mqtt.Options{
 		Brokers: brokers, ClientID: cfg.MQTT.ClientID,
 		Username: username, Password: password,
 		TLS:           tlsOpts,
@@ -219,21 +223,21 @@ func (a *App) Start(ctx context.Context) (err error) {
 		},
 		WillTopic: statusTopic, WillPayload: offline, OnlinePayload: online, OfflinePayload: offline,
 		Logger: a.log,
-	})
+	}
+	mc, err := mqtt.New(a.mqttOpts)
 	if err != nil {
 		return fmt.Errorf("%w: mqtt: %v", ErrConfig, err)
 	}
-	a.pub.set(a.mc)
+	a.pub.set(mc)
 	if a.adm != nil {
-		a.handler.set(admin.Handler(a.ag, admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
-			Ready: a.Ready, OffLoopback: !config.IsLoopback(cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
-			Coordination: a.coordination}))
+		a.handler.set(admin.Handler(a.ag, a.adminOptions()))
 	}
+	a.fm.OnRole(a.onRole)
 	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		a.mqttErr <- a.mc.Start(ctx) // buffered: the first connect's result
+		a.mqttErr <- mc.Start(ctx) // buffered: the first connect's result
 	}()
 	if a.host != nil {
 		wctx, cancel := context.WithCancel(context.Background())
@@ -248,13 +252,21 @@ func (a *App) Start(ctx context.Context) (err error) {
 	return nil
 }
 
+// adminOptions are the admin API's options.
+func (a *App) adminOptions() admin.Options {
+	cfg := a.cfg
+	return admin.Options{Token: cfg.Admin.Token, Gatherer: a.reg,
+		Ready: a.Ready, OffLoopback: !config.IsLoopback(cfg.Admin.Listen), Version: a.o.Version, MQTTConnected: a.mqttConnected, Plugins: a.plugins,
+		Coordination: a.coordination, Role: a.role}
+}
+
 // Ready is nil once the store is open, plugins are loaded and MQTT is
 // subscribed; otherwise it says what the agent waits for.
 func (a *App) Ready() error {
 	if err := a.boot.err(); err != nil {
 		return err
 	}
-	if a.mc == nil || !a.mc.Subscribed() {
+	if mc := a.pub.c.Load(); mc == nil || !mc.Subscribed() {
 		return errors.New("MQTT not subscribed")
 	}
 	return nil
@@ -285,8 +297,8 @@ func (a *App) BrokerURL() string {
 	if a.brk != nil {
 		return a.brk.URL()
 	}
-	if a.mc != nil {
-		return a.mc.Broker()
+	if mc := a.pub.c.Load(); mc != nil {
+		return mc.Broker()
 	}
 	return a.cfg.MQTT.BrokerURLs()[0]
 }
@@ -337,8 +349,8 @@ func (a *App) closeAll() error {
 		}
 		c()
 	}
-	if a.mc != nil {
-		a.mc.Close()
+	if mc := a.pub.c.Load(); mc != nil {
+		mc.Close()
 	}
 	if a.brk != nil {
 		a.brk.Close()

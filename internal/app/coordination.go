@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/edge-agent/edge-agent/internal/admin"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
 )
 
 // startFenceMemory checks the store's fence memory (internal/fencemem)
@@ -21,13 +23,62 @@ func (a *App) startFenceMemory(ctx context.Context) error {
 		ids = append(ids, d.ID)
 	}
 	a.fm = fencemem.New(fencemem.Options{Etcd: cfg.Coordination.Etcd, Gateway: cfg.GatewayID, Devices: ids,
-		Store: a.st, Version: a.o.Version, Logger: a.log})
+		Store: a.st, Version: a.o.Version, Logger: a.log, HA: cfg.HA.Enabled, SafetyMargin: cfg.HA.SafetyMargin.D()})
 	a.boot.set("checking the fence memory")
+	if cfg.HA.Enabled && a.adm != nil {
+		// A standby waits inside Start: its admin API says so.
+		a.handler.set(admin.Standby(a.adminOptions()))
+		defer a.handler.set(a.startingHandler())
+	}
 	err := a.fm.Start(ctx)
 	if errors.Is(err, fencemem.ErrClaimed) {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	return err
+}
+
+// role is GET /v1/status's "role" (docs/protocol.md §8).
+func (a *App) role() admin.Role {
+	r, host := a.fm.Role()
+	return admin.Role{Role: r, ActiveHost: host}
+}
+
+// onRole follows the agent's role after Start (ha): standing down, the
+// admin API is the standby's and the MQTT session is closed, so no command
+// comes in (the worker's gate already sends no write: Proven is false);
+// active again (the floor for every device taken), a new MQTT session
+// with the gateway's client ID takes the commands queued in the broker.
+func (a *App) onRole(active bool) {
+	select {
+	case <-a.stopFail:
+		return // stopping
+	default:
+	}
+	if !active {
+		if a.adm != nil {
+			a.handler.set(admin.Standby(a.adminOptions()))
+		}
+		if mc := a.pub.c.Load(); mc != nil {
+			mc.Close()
+		}
+		return
+	}
+	mc, err := mqtt.New(a.mqttOpts)
+	if err != nil {
+		a.log.Error("ha: the MQTT client", "err", err)
+		return
+	}
+	a.pub.set(mc)
+	if a.adm != nil {
+		a.handler.set(admin.Handler(a.ag, a.adminOptions()))
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := mc.Start(a.runCtx); err != nil {
+			a.log.Error("ha: connecting to the broker", "err", err)
+		}
+	}()
 }
 
 // coordination is GET /v1/status's "coordination".

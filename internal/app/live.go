@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/edge-agent/edge-agent/internal/fencemem"
 )
 
 // DefaultMQTTGrace is how long Live tolerates a lost MQTT connection while
@@ -44,7 +46,8 @@ func (a *App) Live(ctx context.Context) error {
 	l := &a.live
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if a.mc.Connected() {
+	if r, _ := a.fm.Role(); r == fencemem.RoleStandby || a.pub.c.Load().Connected() {
+		// A standby has no broker session by design.
 		l.disconnected = time.Time{}
 		return nil
 	}

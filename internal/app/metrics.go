@@ -68,4 +68,7 @@ func (a *App) plugins() []admin.PluginStatus {
 	return out
 }
 
-func (a *App) mqttConnected() bool { return a.boot.done() && a.mc != nil && a.mc.Subscribed() }
+func (a *App) mqttConnected() bool {
+	mc := a.pub.c.Load()
+	return a.boot.done() && mc != nil && mc.Subscribed()
+}

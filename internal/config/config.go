@@ -65,6 +65,8 @@ type Config struct {
 	// Coordination is the etcd cluster that keeps fences beyond this disk
 	// (coordination.go).
 	Coordination Coordination `yaml:"coordination"`
+	// HA is the standby that takes over (ha.go).
+	HA HA `yaml:"ha"`
 }
 
 // MQTT is the broker session.
@@ -307,6 +309,7 @@ func (c *Config) defaults() {
 	}
 	c.defaultsSecurity()
 	c.defaultsCoordination()
+	c.defaultsHA()
 	for _, d := range c.Devices {
 		if d == nil {
 			continue
@@ -348,6 +351,7 @@ func (c *Config) check(p *Problems) {
 	}
 	c.checkSecurity(p)
 	c.checkCoordination(p)
+	c.checkHA(p)
 }
 
 func (c *Config) checkMQTT(p *Problems) {

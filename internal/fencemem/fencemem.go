@@ -75,6 +75,11 @@ type Options struct {
 	// Retry is the pause between tries to reach etcd while it is away.
 	// Zero means 1s.
 	Retry time.Duration
+	// HA: agents with this gateway_id on two hosts, one active
+	// (docs/protocol.md §8, ha.go); needs Etcd. SafetyMargin is
+	// ha.safety_margin.
+	HA           bool
+	SafetyMargin time.Duration
 }
 
 // Memory is one gateway's fence memory.
@@ -96,6 +101,15 @@ type Memory struct {
 	failErr  error
 	failed   chan struct{}
 	failOnce sync.Once
+
+	// With HA (ha.go): whether this agent is active, the active's host
+	// while it is standby, the send time of the last confirmed keepalive,
+	// and whether the registration was waited for (a takeover).
+	active     bool
+	activeHost string
+	lastSent   time.Time
+	waited     bool
+	onRole     func(active bool)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -256,6 +270,9 @@ func (m *Memory) Start(ctx context.Context) error {
 	m.setState("unreachable", "not yet connected")
 	if err := m.connect(); err != nil {
 		return err
+	}
+	if m.o.HA {
+		return m.startHA(ctx)
 	}
 	err = m.checkIn(ctx)
 	switch {
@@ -424,6 +441,21 @@ func (m *Memory) checkIn(ctx context.Context) error {
 	m.mu.Lock()
 	m.sess = sess
 	m.mu.Unlock()
+	sent := time.Now()
+	if m.o.HA {
+		// The grant may be long past (a standby waits under it): the
+		// session is proven from a keepalive sent now.
+		kctx, cancel := context.WithTimeout(ctx, e.DialTimeout.D())
+		_, err := m.cli.KeepAliveOnce(kctx, sess.Lease())
+		cancel()
+		if err != nil {
+			m.mu.Lock()
+			m.sess = nil
+			m.mu.Unlock()
+			sess.Close()
+			return fmt.Errorf("etcd keepalive: %w", err)
+		}
+	}
 	if err := m.confirm(ctx); err != nil {
 		// The registration and claims go with the session, so the next
 		// try (a new session) does not take them for a live clone's.
@@ -434,6 +466,9 @@ func (m *Memory) checkIn(ctx context.Context) error {
 		return err
 	}
 	m.setState("connected", "")
+	if m.o.HA {
+		m.becomeActive(sess, sent)
+	}
 	return nil
 }
 
@@ -447,12 +482,22 @@ func (m *Memory) register(ctx context.Context, sess *concurrency.Session) error 
 		StoreID: m.identity().StoreID, StartedAt: m.o.Now().UTC()}
 	b, _ := json.Marshal(reg)
 	deadline := time.Now().Add(m.o.Etcd.SessionTTL.D() + time.Second)
+	gwDeadline := deadline
+	if m.o.HA {
+		gwDeadline = time.Now().Add(100 * 365 * 24 * time.Hour) // a standby waits
+	}
 	gwKey := m.key("gateways", m.o.Gateway)
 	var other string
-	ok, err := m.claim(ctx, sess, gwKey, string(b), deadline, func(cur string) bool {
+	ok, err := m.claim(ctx, sess, gwKey, string(b), gwDeadline, func(cur string) bool {
 		var r registration
 		json.Unmarshal([]byte(cur), &r)
 		other = fmt.Sprintf("host %s, pid %d, started %s", r.Host, r.PID, r.StartedAt.Format(time.RFC3339))
+		if m.o.HA {
+			m.mu.Lock()
+			m.waited = true
+			m.mu.Unlock()
+			m.standbyOf(cur)
+		}
 		return false
 	})
 	if err != nil {
@@ -571,6 +616,10 @@ func (m *Memory) confirm(ctx context.Context) error {
 		whole = ReasonNotRegistered
 	case json.Unmarshal(raw, &rec) != nil:
 		whole = ReasonNotRegistered
+	case m.o.HA && (m.tookOver() || rec.StoreID != id.StoreID):
+		// The other agent of the pair was active since this store checked
+		// in: it may have accepted fences this store never saw.
+		whole = ReasonTakeover
 	case rec.StoreID != id.StoreID:
 		whole = fmt.Sprintf("%s (etcd knows store %s for gateway %s, this is store %s)", ReasonRestored, rec.StoreID, m.o.Gateway, id.StoreID)
 	case rec.Epoch != id.Epoch:
@@ -601,6 +650,18 @@ func (m *Memory) confirm(ctx context.Context) error {
 		}
 		if err := m.putDoubts(tx, doubts, add); err != nil {
 			return err
+		}
+		if whole == ReasonTakeover {
+			// A takeover is named even where another doubt was already
+			// recorded (a standby's new store).
+			for dev, why := range doubts {
+				if !strings.HasPrefix(why, ReasonTakeover) {
+					doubts[dev] = fmt.Sprintf("%s (%s)", ReasonTakeover, why)
+					if err := tx.PutDoubt(dev, doubts[dev]); err != nil {
+						return err
+					}
+				}
+			}
 		}
 		return tx.PutIdentity(next)
 	})
@@ -734,8 +795,8 @@ func (m *Memory) watch() {
 		return
 	case <-sess.Done():
 	}
-	if m.ctx.Err() != nil {
-		return // closing
+	if m.ctx.Err() != nil || m.o.HA {
+		return // closing; with ha, prove stands down
 	}
 	m.setState("unreachable", "the etcd session ended (etcd unreachable longer than session_ttl)")
 	m.log.Warn("coordination: the etcd session ended; confirmed devices keep working, the check-in is repeated when etcd is back")
@@ -787,4 +848,12 @@ func diagnose(e *config.Etcd) string {
 		c.Close()
 	}
 	return strings.Join(out, "; ")
+}
+
+// tookOver reports whether the registration was waited for: another agent
+// was active.
+func (m *Memory) tookOver() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.waited
 }

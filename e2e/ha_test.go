@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edge-agent/edge-agent/controller/wire"
+	"github.com/edge-agent/edge-agent/firmware-sim/sim"
+	"github.com/edge-agent/edge-agent/internal/testkit"
+	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
+)
+
+// A standby that takes over (docs/protocol.md §8, invariants 1, 2 and 7):
+// two agent processes with one gateway_id and one MQTT client ID, two
+// data dirs, a real etcd, mosquitto and firmware-sim. session_ttl is 3s.
+
+const haTTL = 3 * time.Second
+
+// haPeer is the second agent of the pair.
+type haPeer struct {
+	proc    *testkit.Proc
+	adminAt string
+}
+
+func haGet(addr, path string) (int, []byte) {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// haRole is the agent's role at addr and, on a standby, the active's host.
+func haRole(addr string) (role, active string) {
+	_, b := haGet(addr, "/v1/status")
+	var s struct {
+		Role       string `json:"role"`
+		ActiveHost string `json:"active_host"`
+	}
+	json.Unmarshal(b, &s)
+	return s.Role, s.ActiveHost
+}
+
+func newHA(t *testing.T) *fmEnv {
+	f := newFM(t)
+	f.extra += "ha:\n  enabled: true\n  safety_margin: 1s\n"
+	f.run()
+	if r, _ := haRole(f.adminAt); r != "active" {
+		t.Fatalf("the first agent's role: %q", r)
+	}
+	return f
+}
+
+// peer starts the second agent: the same configuration but data_dir (and
+// the admin address, both on this host).
+func (f *fmEnv) peer() *haPeer {
+	f.t.Helper()
+	p := &haPeer{adminAt: testkit.FreeAddr(f.t)}
+	cfg, _ := os.ReadFile(f.cfgPath)
+	b := strings.NewReplacer(f.dataDir, filepath.Join(f.t.TempDir(), "data-b"), f.adminAt, p.adminAt).Replace(string(cfg))
+	path := filepath.Join(f.t.TempDir(), "b.yaml")
+	os.WriteFile(path, []byte(b), 0o600)
+	p.proc = testkit.StartProc(f.t, testkit.ProcOptions{StopSignal: syscall.SIGKILL}, f.agent, "run", "--config", path, "--log-level", "info")
+	testkit.Eventually(f.t, 20*time.Second, "the second agent standby", func() bool {
+		r, host := haRole(p.adminAt)
+		code, _ := haGet(p.adminAt, "/readyz")
+		return r == "standby" && host != "" && code == http.StatusServiceUnavailable
+	})
+	return p
+}
+
+// waitActive waits until the agent at addr serves, within session_ttl + 5s
+// of since.
+func waitActive(t *testing.T, addr string, since time.Time) {
+	t.Helper()
+	testkit.Eventually(t, haTTL+5*time.Second+2*time.Second, "takeover", func() bool {
+		code, _ := haGet(addr, "/readyz")
+		r, _ := haRole(addr)
+		return code == 200 && r == "active"
+	})
+	d := time.Since(since)
+	if d > haTTL+5*time.Second {
+		t.Fatalf("took over after %s, want within session_ttl + 5s", d)
+	}
+	t.Logf("took over %s after the active stopped (session_ttl %s)", d.Round(10*time.Millisecond), haTTL)
+}
+
+// haFloors is pump-7's fence-floor reasons at addr.
+func haFloors(t *testing.T, addr string) []string {
+	_, b := haGet(addr, "/v1/devices/pump-7/ops?limit=1000")
+	var page struct {
+		Ops []struct {
+			OpID   string `json:"op_id"`
+			Reason string `json:"reason"`
+		} `json:"ops"`
+	}
+	json.Unmarshal(b, &page)
+	var out []string
+	for _, o := range page.Ops {
+		if strings.HasPrefix(o.OpID, "fence-floor:") {
+			out = append(out, o.Reason)
+		}
+	}
+	return out
+}
+
+// (a) The active is paused (SIGSTOP) with writes queued behind a slow
+// device; the standby takes over within session_ttl + 5 s, takes the floor
+// (takeover): an older generation's command is stale_fence, a new one
+// applies. Woken, the old active reports standby and none of its queued
+// writes reaches the firmware. (b) The new active is killed: the old one
+// takes over again (the floor again), its queued writes are stale, and no
+// op runs twice.
+func TestHATakeover(t *testing.T) {
+	f := newHA(t)
+	b := f.peer()
+	if r, _ := haRole(f.adminAt); r != "active" {
+		t.Fatalf("the first agent is %q once the second is standby", r)
+	}
+	g1 := f.lock()
+	want(t, f.cmdOp("op-1", g1, "set", `{"rpm":100}`), wire.StatusApplied, wire.CodeOK)
+
+	// Writes queued behind a slow device, the first in flight.
+	setFaults(t, f.sim, sim.Faults{Device: "pump-7", LatencyMS: 700})
+	queued := []string{"q-1", "q-2", "q-3"}
+	for _, op := range queued {
+		f.send("pump-7", cmd(op, g1, "set", `{"rpm":150}`))
+	}
+	testkit.Eventually(t, 10*time.Second, "q-1 in flight, the rest queued", func() bool {
+		d := f.device()
+		return d.Pending == 1 && d.QueueDepth >= 2
+	})
+	f.proc.Signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	waitActive(t, b.adminAt, stopped)
+	if fl := haFloors(t, b.adminAt); len(fl) == 0 || !strings.Contains(fl[0], "takeover") {
+		t.Fatalf("the new active's floors: %q", fl)
+	}
+	setFaults(t, f.sim, sim.Faults{Device: "pump-7"})
+	atTakeover := len(f.journal())
+
+	// On the new active: the old generation is stale, a new one applies.
+	want(t, f.cmdOp("op-old", g1, "set", `{"rpm":1}`), wire.StatusRejected, wire.CodeStaleFence)
+	f.newGeneration("op-new")
+
+	// The old active wakes: it stands down without writing.
+	f.proc.Signal(syscall.SIGCONT)
+	testkit.Eventually(t, 10*time.Second, "the old active standby", func() bool {
+		r, host := haRole(f.adminAt)
+		code, _ := haGet(f.adminAt, "/readyz")
+		return r == "standby" && host != "" && code == http.StatusServiceUnavailable
+	})
+	g3 := f.lock()
+	want(t, f.cmdOp("op-new2-barrier", g3, wire.ActionFence, ""), wire.StatusApplied, wire.CodeOK)
+	want(t, f.cmdOp("op-new2", g3, "set", `{"rpm":400}`), wire.StatusApplied, wire.CodeOK)
+	if got := f.journalOps()[atTakeover:]; !slices.Equal(got, []string{"op-new", "op-new2"}) {
+		t.Fatalf("the firmware's journal after the takeover: %v (the old active's queued writes must never reach it)", got)
+	}
+	// The deposed active's stand-down did not mark the gateway offline.
+	st := mqtttest.Await(t, mqtttest.Subscribe(t, f.broker, wire.StatusTopic(wire.DefaultPrefix, gw)), 10*time.Second,
+		func(mqtttest.Received) bool { return true })
+	if !strings.Contains(string(st.Payload), `"online"`) {
+		t.Fatalf("the gateway's retained status once the old active stood down: %s", st.Payload)
+	}
+
+	// (b) The new active is killed: the old one takes over again.
+	b.proc.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	waitActive(t, f.adminAt, killed)
+	if fl := haFloors(t, f.adminAt); len(fl) < 2 || !strings.Contains(fl[0], "takeover") {
+		t.Fatalf("the old active's floors once active again: %q", fl)
+	}
+	want(t, f.cmdOp("op-stale", g3, "set", `{"rpm":2}`), wire.StatusRejected, wire.CodeStaleFence)
+	f.newGeneration("op-last")
+	for _, op := range queued[1:] {
+		testkit.Eventually(t, 10*time.Second, op+" final", func() bool {
+			rs := f.res.results(op)
+			return len(rs) > 0 && rs[len(rs)-1].Final()
+		})
+	}
+	got := f.journalOps()
+	for _, op := range queued[1:] {
+		if slices.Contains(got, op) {
+			t.Fatalf("%s, queued on the paused active, reached the firmware: %v", op, got)
+		}
+	}
+	f.checkJournal()
+}

@@ -1,0 +1,210 @@
+package fencemem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"time"
+
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// A standby that takes over (docs/protocol.md §8, docs/design.md). With
+// ha, the agent that holds {cp}/gateways/{gw} is active; another one with
+// the same gateway_id waits as standby inside Start (so nothing after it
+// runs: no broker session, no device) until the key is gone, then
+// registers and takes the floor for every device with reason takeover.
+//
+// The active proves its session with keepalives of its own (besides the
+// session's): each confirmed one moves lastSent to when it was sent, on
+// the monotonic clock, and Proven is true only while less than
+// session_ttl - safety_margin has passed since. When it stops being true
+// the active stands down: the session is revoked (so the standby need not
+// wait for it to expire) and it waits as standby, which the worker's gate
+// turns into "no write is sent".
+
+// Roles of an agent (GET /v1/status).
+const (
+	RoleActive  = "active"
+	RoleStandby = "standby"
+	RoleSingle  = "single"
+)
+
+// ReasonTakeover is the floor's reason when a standby becomes active.
+const ReasonTakeover = "takeover"
+
+// Role returns the agent's role and, on a standby, the active's host.
+func (m *Memory) Role() (role, activeHost string) {
+	if !m.o.HA {
+		return RoleSingle, ""
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.active {
+		return RoleActive, ""
+	}
+	return RoleStandby, m.activeHost
+}
+
+// OnRole sets the function told when, after Start, the agent stands
+// down (active false: it stops serving) and when it becomes active again
+// (true: the floor for every device is taken, it may serve).
+func (m *Memory) OnRole(fn func(active bool)) {
+	m.mu.Lock()
+	m.onRole = fn
+	m.mu.Unlock()
+}
+
+func (m *Memory) tell(active bool) {
+	m.mu.Lock()
+	fn := m.onRole
+	m.mu.Unlock()
+	if fn != nil {
+		fn(active)
+	}
+}
+
+// Proven reports whether the session is proven alive: always without ha;
+// with it, while this agent is active and less than session_ttl -
+// safety_margin has passed since the send of the last keepalive etcd
+// confirmed. The worker sends no write to a device while it is false.
+func (m *Memory) Proven() bool {
+	if !m.o.HA {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.active && time.Since(m.lastSent) < m.o.Etcd.SessionTTL.D()-m.o.SafetyMargin
+}
+
+// renewInterval is the pause between the active's own keepalives: a third
+// of the time a confirmed one proves the session for, so a lost one or
+// two do not close the gate.
+func (m *Memory) renewInterval() time.Duration {
+	return max((m.o.Etcd.SessionTTL.D()-m.o.SafetyMargin)/3, 50*time.Millisecond)
+}
+
+// becomeActive marks the agent active from the send time sent of the
+// session's grant, and starts proving the session.
+func (m *Memory) becomeActive(sess *concurrency.Session, sent time.Time) {
+	m.mu.Lock()
+	m.active, m.activeHost, m.lastSent = true, "", sent
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go m.prove(sess)
+}
+
+// prove sends a keepalive every renewInterval and moves lastSent on each
+// confirmed one; once Proven is false it stands down.
+func (m *Memory) prove(sess *concurrency.Session) {
+	defer m.wg.Done()
+	t := time.NewTicker(m.renewInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(m.ctx, m.renewInterval())
+		_, err := m.cli.KeepAliveOnce(ctx, sess.Lease())
+		cancel()
+		if err == nil {
+			m.mu.Lock()
+			if sent.After(m.lastSent) {
+				m.lastSent = sent
+			}
+			m.mu.Unlock()
+		}
+		if !m.Proven() {
+			m.standDown(err)
+			return
+		}
+	}
+}
+
+// standDown ends the active's session and waits as standby until it can
+// register again: then it is active again, the floor for every device
+// (reason takeover) taken first.
+func (m *Memory) standDown(cause error) {
+	m.mu.Lock()
+	m.active = false
+	sess := m.sess
+	m.sess = nil
+	m.mu.Unlock()
+	m.log.Error("ha: the etcd session cannot be proven alive within session_ttl - safety_margin; no write is sent to any device, this agent stands down as standby",
+		"session_ttl", m.o.Etcd.SessionTTL.D(), "safety_margin", m.o.SafetyMargin, "err", cause)
+	m.setState("unreachable", "stood down: the session could not be proven alive")
+	if sess != nil {
+		sess.Orphan()
+		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
+		m.cli.Revoke(ctx, sess.Lease())
+		cancel()
+	}
+	m.tell(false)
+	for m.ctx.Err() == nil {
+		err := m.checkIn(m.ctx)
+		switch {
+		case err == nil:
+			m.log.Info("ha: active again; the floor for every device is taken", "gateway", m.o.Gateway)
+			m.tell(true)
+			return
+		case errors.Is(err, ErrClaimed):
+			m.fail(err)
+			return
+		case m.ctx.Err() != nil:
+			return
+		}
+		m.unreachable(err)
+		select {
+		case <-m.ctx.Done():
+		case <-time.After(m.o.Retry):
+		}
+	}
+}
+
+// standbyOf records the registration cur (another agent's) as the active.
+func (m *Memory) standbyOf(cur string) {
+	var r registration
+	json.Unmarshal([]byte(cur), &r)
+	m.mu.Lock()
+	changed := m.activeHost != r.Host
+	m.activeHost = r.Host
+	m.mu.Unlock()
+	switch host, _ := os.Hostname(); {
+	case !changed:
+	case r.PID == os.Getpid() && r.Host == host:
+		m.log.Info("ha: standby until this agent's own registration of an ended session expires", "gateway", m.o.Gateway)
+	default:
+		m.log.Info("ha: standby; the active agent runs elsewhere", "gateway", m.o.Gateway, "active_host", r.Host, "active_pid", r.PID)
+	}
+}
+
+// startHA is Start with ha: the check-in is tried until it succeeds, as
+// standby meanwhile (an agent that cannot reach etcd must not connect to
+// the broker with the gateway's client ID).
+func (m *Memory) startHA(ctx context.Context) error {
+	for {
+		err := m.checkIn(ctx)
+		switch {
+		case err == nil:
+			m.wg.Add(1)
+			go m.watch()
+			return nil
+		case errors.Is(err, ErrClaimed):
+			m.Close()
+			return err
+		case ctx.Err() != nil:
+			m.Close()
+			return ctx.Err()
+		}
+		m.unreachable(err)
+		m.log.Warn("ha: standby until etcd can be reached", "endpoints", m.o.Etcd.Endpoints, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(m.o.Retry):
+		}
+	}
+}
