@@ -29,7 +29,7 @@ func TestHAProblems(t *testing.T) {
 		{"no etcd", "ha: {enabled: true}\n", "ha.enabled: needs coordination.etcd"},
 		{"margin above ttl", etcd + "ha: {enabled: true, safety_margin: 3s}\n", "ha.safety_margin: 3s: must be below coordination.etcd.session_ttl (3s)"},
 		{"negative margin", "ha: {safety_margin: -1s}\n", "ha.safety_margin: must be positive"},
-		{"unknown key", "ha: {enable: true}\n", "field enable not found"},
+		{"unknown key", "ha: {enable: true}\n", "ha.enable (line 3): unknown key; did you mean enabled?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte("gateway_id: gw-1\nmqtt: {broker: embedded}\n" + tc.block + secDev))
