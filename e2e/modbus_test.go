@@ -16,7 +16,7 @@ import (
 )
 
 // modbusPump is a pump behind the simulator's Modbus TCP listener, read
-// back after an unknown write (docs/protocol.md §7's driver block).
+// back after an unknown write (docs/protocol.md §11's driver block).
 func modbusPump(id string) devSpec {
 	return devSpec{id: id, typ: "pump", modbus: `      timeout: 300ms
       verify: readback

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The Modbus RTU-over-TCP face of the simulator (docs/protocol.md §7): RTU
+// The Modbus RTU-over-TCP face of the simulator (docs/protocol.md §11): RTU
 // frames (unit ID, PDU, CRC-16/MODBUS low byte first; no MBAP header) on a
 // TCP stream, as a serial device server passes on a serial line's bytes.
 // The library (simonvetter/modbus) has a client for this but no server, so
@@ -75,7 +75,7 @@ type rtuServer struct {
 // StartModbusRTU serves the simulated devices over Modbus RTU-over-TCP on
 // addr (host:port; port 0 picks a free one) until Close: the same
 // hardware, unit IDs, journal and faults as StartModbus's Modbus TCP, with
-// RTU's framing and silences (docs/protocol.md §7). Open (the journal) is
+// RTU's framing and silences (docs/protocol.md §11). Open (the journal) is
 // done first. It may be called once, with or without StartModbus and
 // Start.
 func (s *Sim) StartModbusRTU(addr string) error {

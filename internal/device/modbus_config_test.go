@@ -10,7 +10,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/config"
 )
 
-// The driver block exactly as the contract (docs/protocol.md §7) gives it.
+// The driver block exactly as the contract (docs/protocol.md §11) gives it.
 const modbusPump = `gateway_id: g
 mqtt: {broker: embedded}
 devices:

@@ -29,7 +29,7 @@ func rtuPumpConfig(s *sim.Sim) device.ModbusDevice {
 	return cfg
 }
 
-// Each outcome of docs/protocol.md §7 over RTU framing: applied with the
+// Each outcome of docs/protocol.md §11 over RTU framing: applied with the
 // state read back, a refusal before and by the hardware, exceptions
 // mapped, silences and a reset unknown, a dial that fails not sent, and a
 // unit no device answers to unknown (on a serial line nobody answers).
