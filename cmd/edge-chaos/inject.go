@@ -36,8 +36,8 @@ func (c *campaign) inject(f fault) {
 		dev := lockDevice(ev.Lock)
 		time.Sleep(c.o.ttl + 500*time.Millisecond)
 		raised := rig.WaitFor(15*time.Second, func() bool {
-			lf, ok := w.deviceFence(dev)
-			return ok && lf > ev.Fence
+			info, ok := w.device(dev)
+			return ok && info.LastFence > ev.Fence
 		})
 		_ = s.p.Signal(syscall.SIGCONT)
 		end(fmt.Sprintf("paused holder of %s at fence %d resumed; newer fence on the device: %v", dev, ev.Fence, raised))

@@ -316,7 +316,8 @@ func (c *campaign) floorWatch(stop <-chan struct{}) {
 	defer t.Stop()
 	for {
 		for _, d := range c.o.devices {
-			floor, ok := w.deviceFloor(d.ID)
+			info, ok := w.device(d.ID)
+			floor := info.FenceFloor
 			now := time.Now().UnixNano()
 			if !ok {
 				continue
@@ -333,23 +334,6 @@ func (c *campaign) floorWatch(stop <-chan struct{}) {
 		case <-t.C:
 		}
 	}
-}
-
-// deviceFloor asks the agent's admin API for a device's fence_floor.
-func (w *world) deviceFloor(dev string) (int64, bool) {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(w.adminURL + "/v1/devices/" + dev)
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	var d struct {
-		FenceFloor int64 `json:"fence_floor"`
-	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&d) != nil {
-		return 0, false
-	}
-	return d.FenceFloor, true
 }
 
 // heldUnknown is the agent's list of held writes (GET

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edge-agent/edge-agent/configs"
+	"github.com/edge-agent/edge-agent/controller/wire"
 	"github.com/edge-agent/edge-agent/internal/chaos"
 	"github.com/edge-agent/edge-agent/internal/rig"
 )
@@ -391,21 +392,20 @@ func (w *world) lastPaused(c *ctlSlot) (chaos.Event, bool) {
 	return chaos.Event{}, false
 }
 
-// deviceFence asks the agent's admin API for a device's last_fence.
-func (w *world) deviceFence(dev string) (int64, bool) {
+// device asks the agent's admin API for a device's view
+// (GET /v1/devices/{dev}: last_fence, fence_floor, ...).
+func (w *world) device(dev string) (wire.DeviceInfo, bool) {
 	c := http.Client{Timeout: time.Second}
 	resp, err := c.Get(w.adminURL + "/v1/devices/" + dev)
 	if err != nil {
-		return 0, false
+		return wire.DeviceInfo{}, false
 	}
 	defer resp.Body.Close()
-	var d struct {
-		LastFence int64 `json:"last_fence"`
-	}
+	var d wire.DeviceInfo
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&d) != nil {
-		return 0, false
+		return wire.DeviceInfo{}, false
 	}
-	return d.LastFence, true
+	return d, true
 }
 
 // build compiles the agent (with tags and, for a mutant, its go build
