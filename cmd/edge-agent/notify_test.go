@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/testkit"
+	"github.com/edge-agent/edge-agent/internal/testkit/etcdtest"
 	"github.com/edge-agent/edge-agent/internal/testkit/mqtttest"
 )
 
@@ -279,4 +280,63 @@ func TestWatchdogStopsWhenTheStoreStops(t *testing.T) {
 			p.cmd.Process.Signal(syscall.SIGKILL)
 		})
 	}
+}
+
+// A standby (ha) waits inside its start-up for the active's registration
+// to go: it is the service running as configured, so READY=1 comes at
+// once (`systemctl start` must not hang on it) with STATUS= naming the
+// active, and the watchdog pings go on while its store commits. /readyz
+// still says 503. When the active dies, STATUS= says active and /readyz
+// 200, the pings never having stopped.
+func TestNotifyStandbyIsReadyAndSaysSo(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	broker := mqtttest.StartEmbedded(t)
+	pair := fmt.Sprintf("  broker: %s\n  client_id: edge-agent-ha\ncoordination:\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 1s\n    session_ttl: 3s\nha: {enabled: true, safety_margin: 1s}\n",
+		broker.URL(), strings.Join(etcd.Endpoints(), ", "))
+	active := startAgent(t, pair)
+	eventually(t, 30*time.Second, "the first agent active and ready", func() bool { return active.status("/readyz") == http.StatusOK })
+
+	sock, ch := notifySocket(t)
+	standby := startAgent(t, pair, "NOTIFY_SOCKET="+sock, fmt.Sprintf("WATCHDOG_USEC=%d", watchdogUSec))
+	var seen []notification
+	waitFor(t, ch, "READY=1", 30*time.Second, &seen)
+	st := waitFor(t, ch, "STATUS=standby (active: "+mustHostname(t)+")", 5*time.Second, &seen)
+	if code := standby.status("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("the standby's /readyz: %d, want 503", code)
+	}
+	last := pings(t, ch, 3)
+	if !last.After(st.at) || standby.status("/readyz") != http.StatusServiceUnavailable {
+		t.Fatal("the standby's pings came after it stopped waiting")
+	}
+
+	active.cmd.Process.Signal(syscall.SIGKILL)
+	<-active.exited
+	seen = nil
+	became := waitFor(t, ch, "STATUS=active", 30*time.Second, &seen)
+	eventually(t, 10*time.Second, "the new active ready", func() bool { return standby.status("/readyz") == http.StatusOK })
+	pings(t, ch, 2)
+	prev := last
+	for _, n := range seen {
+		switch n.state {
+		case "READY=1":
+			t.Fatalf("READY=1 sent twice: %v", seen)
+		case "WATCHDOG=1":
+			if gap := n.at.Sub(prev); gap > watchdogPeriod {
+				t.Fatalf("no WATCHDOG=1 for %s during the takeover (WatchdogSec %s)", gap, watchdogPeriod)
+			}
+			prev = n.at
+		}
+	}
+	if gap := became.at.Sub(prev); gap > watchdogPeriod {
+		t.Fatalf("no WATCHDOG=1 for %s before the standby became active", gap)
+	}
+}
+
+func mustHostname(t *testing.T) string {
+	t.Helper()
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -65,9 +66,18 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	sd := newNotifier(log)
+	sd := newNotifier(log, cfg.HA.Enabled)
 	a := app.New(cfg, app.Options{Logger: log, Version: Version, Revision: Commit, MQTTGrace: sd.mqttGrace()})
+	// READY=1 and the watchdog pings (systemd.go), from before Start: a
+	// standby (ha) waits inside Start, and is ready as a standby. They go
+	// on while the agent drains (systemd's watchdog stays armed while a
+	// unit stops) and end with it.
+	var started atomic.Bool
+	sdCtx, sdStop := context.WithCancel(context.Background())
+	defer sdStop()
+	go sd.run(sdCtx, a, &started)
 	if err := a.Start(ctx); err != nil {
+		sdStop()
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			log.Info("stopped before start-up finished (with ha: while standby)")
 			return nil
@@ -77,11 +87,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		}
 		return err
 	}
-	// READY=1 and the watchdog pings; they go on while the agent drains
-	// (systemd's watchdog stays armed while a unit stops) and end with it.
-	sdCtx, sdStop := context.WithCancel(context.Background())
-	defer sdStop()
-	go sd.run(sdCtx, a)
+	started.Store(true)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

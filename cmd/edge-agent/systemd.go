@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -26,10 +27,11 @@ type notifier struct {
 	log      *slog.Logger
 	on       bool          // NOTIFY_SOCKET is set
 	watchdog time.Duration // WATCHDOG_USEC; 0: no watchdog
+	ha       bool          // ha.enabled: STATUS= says the role
 }
 
-func newNotifier(log *slog.Logger) *notifier {
-	n := &notifier{log: log, on: os.Getenv("NOTIFY_SOCKET") != ""}
+func newNotifier(log *slog.Logger, ha bool) *notifier {
+	n := &notifier{log: log, on: os.Getenv("NOTIFY_SOCKET") != "", ha: ha}
 	if !n.on {
 		return n
 	}
@@ -58,15 +60,27 @@ func (n *notifier) send(state string) {
 	}
 }
 
-// run sends READY=1 once a.Ready() is nil, then WATCHDOG=1 every third of
-// the watchdog period for as long as a.Live is nil, until ctx ends. Each
-// liveness probe may take up to a third of the period.
-func (n *notifier) run(ctx context.Context, a *app.App) {
+// run sends READY=1 once the agent is ready (a.Ready() is nil after
+// Start returned: started is set), or as soon as it waits as standby (ha;
+// a standby is the service running as configured: `systemctl start` must
+// not hang on it, and /readyz still says 503), then WATCHDOG=1 every third
+// of the watchdog period for as long as the agent is alive (a.Live after
+// Start, the store's commit loop while Start waits as standby), until ctx
+// ends. With ha, STATUS= follows the role: "active", or "standby (active:
+// HOST)". Each liveness probe may take up to a third of the period. It is
+// started before Start.
+func (n *notifier) run(ctx context.Context, a *app.App, started *atomic.Bool) {
 	if !n.on {
 		return
 	}
 	t := time.NewTicker(readyPoll)
-	for a.Ready() != nil {
+	status := ""
+	for {
+		s, ready := phase(a, n.ha, started.Load())
+		if ready {
+			status = s
+			break
+		}
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -76,11 +90,14 @@ func (n *notifier) run(ctx context.Context, a *app.App) {
 	}
 	t.Stop()
 	n.send(daemon.SdNotifyReady)
-	n.log.Info("systemd: READY=1 sent", "watchdog", n.watchdog)
-	if n.watchdog <= 0 {
-		return
+	n.log.Info("systemd: READY=1 sent", "watchdog", n.watchdog, "status", status)
+	if status != "" {
+		n.send("STATUS=" + status)
 	}
 	every := n.watchdog / 3
+	if n.watchdog <= 0 {
+		every = time.Second // STATUS= only
+	}
 	t = time.NewTicker(every)
 	defer t.Stop()
 	alive := true
@@ -90,8 +107,20 @@ func (n *notifier) run(ctx context.Context, a *app.App) {
 			return
 		case <-t.C:
 		}
+		if s, _ := phase(a, n.ha, started.Load()); s != status {
+			status = s
+			n.send("STATUS=" + s)
+		}
+		if n.watchdog <= 0 {
+			continue
+		}
 		pctx, cancel := context.WithTimeout(ctx, every)
-		err := a.Live(pctx)
+		var err error
+		if started.Load() {
+			err = a.Live(pctx)
+		} else {
+			err = a.StandbyLive(pctx)
+		}
 		cancel()
 		if err != nil {
 			if alive {
@@ -106,4 +135,23 @@ func (n *notifier) run(ctx context.Context, a *app.App) {
 		alive = true
 		n.send(daemon.SdNotifyWatchdog)
 	}
+}
+
+// phase is the agent's STATUS= (empty without ha) and whether READY=1 may
+// be sent: once Start has returned and the agent is ready, or while it
+// waits as standby.
+func phase(a *app.App, ha, started bool) (status string, ready bool) {
+	if host, ok := a.Standby(); ok {
+		if host == "" {
+			host = "not known yet"
+		}
+		return "standby (active: " + host + ")", true
+	}
+	if !started {
+		return "", false
+	}
+	if ha {
+		status = "active"
+	}
+	return status, a.Ready() == nil
 }

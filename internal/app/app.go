@@ -78,9 +78,12 @@ type App struct {
 	stopWatch context.CancelFunc
 	live      liveness
 
-	fm       *fencemem.Memory // the fence memory beyond this disk (coordination.go)
-	failed   chan struct{}    // closed when the agent or the fence memory failed
-	failErr  error            // why, set before failed is closed
+	fm *fencemem.Memory // the fence memory beyond this disk (coordination.go)
+	// fmSeen is fm, published for Standby and StandbyLive, which may be
+	// called while Start runs (the store is open before it is set).
+	fmSeen   atomic.Pointer[fencemem.Memory]
+	failed   chan struct{} // closed when the agent or the fence memory failed
+	failErr  error         // why, set before failed is closed
 	stopFail chan struct{}
 }
 

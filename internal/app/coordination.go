@@ -25,6 +25,7 @@ func (a *App) startFenceMemory(ctx context.Context) error {
 	a.fm = fencemem.New(fencemem.Options{Etcd: cfg.Coordination.Etcd, Gateway: cfg.GatewayID, Devices: ids,
 		Store: a.st, Version: a.o.Version, Logger: a.log, HA: cfg.HA.Enabled, SafetyMargin: cfg.HA.SafetyMargin.D()})
 	a.boot.set("checking the fence memory")
+	a.fmSeen.Store(a.fm)
 	if cfg.HA.Enabled && a.adm != nil {
 		// A standby waits inside Start: its admin API says so.
 		a.handler.set(admin.Standby(a.adminOptions()))
@@ -35,6 +36,30 @@ func (a *App) startFenceMemory(ctx context.Context) error {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	return err
+}
+
+// Standby reports whether the agent waits as standby (ha): inside Start,
+// until it registers, or after Start, having stood down; and the active's
+// host when it is known. It may be called from any goroutine at any time,
+// also while Start runs (cmd/edge-agent tells systemd: a standby is a
+// service running as configured, so READY=1 is not held back for it).
+func (a *App) Standby() (activeHost string, ok bool) {
+	m := a.fmSeen.Load()
+	if m == nil {
+		return "", false
+	}
+	r, host := m.Role()
+	return host, r == fencemem.RoleStandby
+}
+
+// StandbyLive is Live for the time Start waits as standby: the store's
+// group-commit loop commits (Live's store condition). It may be called
+// while Start runs, by one goroutine at a time, not together with Live.
+func (a *App) StandbyLive(ctx context.Context) error {
+	if a.fmSeen.Load() == nil {
+		return errors.New("not started")
+	}
+	return a.storeLive(ctx)
 }
 
 // role is GET /v1/status's "role" (docs/protocol.md §8).
