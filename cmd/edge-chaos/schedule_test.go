@@ -10,17 +10,17 @@ import (
 // seed others; every kind is in every round, so a few minutes have them
 // all.
 func TestScheduleIsTheSeeds(t *testing.T) {
-	a := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false)
-	b := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false)
+	a := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false)
+	b := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("seed 7 gave two different schedules")
 	}
-	if reflect.DeepEqual(a, schedule(8, 3*time.Minute, 8, defaultDevices, 2*time.Second, false)) {
+	if reflect.DeepEqual(a, schedule(8, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false)) {
 		t.Fatal("seeds 7 and 8 gave the same schedule")
 	}
 	for seed := uint64(1); seed <= 20; seed++ {
 		kinds := map[string]int{}
-		for _, f := range schedule(seed, 3*time.Minute, 8, defaultDevices, 2*time.Second, false) {
+		for _, f := range schedule(seed, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false) {
 			kinds[f.Kind]++
 			if f.At < 0 || f.At >= 3*time.Minute {
 				t.Fatalf("seed %d: fault %s at %v, outside the run", seed, f, f.At)
@@ -34,7 +34,7 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 	}
 	// With the embedded broker there is no mosquitto to restart and no
 	// link between the agent and its broker.
-	for _, f := range schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, true) {
+	for _, f := range schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, true, false) {
 		if f.Kind == fBrokerRestart || f.Kind == fNetBroker {
 			t.Fatalf("embedded: scheduled %s", f)
 		}
@@ -44,7 +44,7 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 // The short run of make test (seed 7, 60s) has every kind of fault.
 func TestShortRunScheduleHasEveryKind(t *testing.T) {
 	kinds := map[string]bool{}
-	for _, f := range schedule(7, 60*time.Second, 8, defaultDevices, 2*time.Second, false) {
+	for _, f := range schedule(7, 60*time.Second, 8, defaultDevices, 2*time.Second, false, false) {
 		kinds[f.Kind] = true
 	}
 	for _, k := range faultKinds {
