@@ -74,9 +74,9 @@ type campaign struct {
 	invoked   atomic.Int64
 	resolved  atomic.Int64
 	takeovers atomic.Int64
-	lostAt   atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
-	stopOp   chan struct{}
-	opDone   chan struct{}
+	lostAt    atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
+	stopOp    chan struct{}
+	opDone    chan struct{}
 
 	stopRegWatch func() // -ha: ends watchRegistration (nil without)
 }

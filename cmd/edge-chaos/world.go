@@ -49,10 +49,10 @@ type world struct {
 	fwProxy     string   // the agent's firmware URL: through toxiproxy
 	etcdProxies []string // the controllers' etcd endpoints: through toxiproxy
 
-	brokerURL      string // controllers and the observer: the broker itself
-	agentBrokerURL string // the agent: through toxiproxy (mosquitto mode)
-	agent          *agentSup   // the agent (-ha: the first of the pair)
-	agents         []*agentSup // every agent: one, or the pair (-ha)
+	brokerURL      string       // controllers and the observer: the broker itself
+	agentBrokerURL string       // the agent: through toxiproxy (mosquitto mode)
+	agent          *agentSup    // the agent (-ha: the first of the pair)
+	agents         []*agentSup  // every agent: one, or the pair (-ha)
 	asked          atomic.Int32 // the agent that answered the admin API last (-ha)
 
 	regMu      sync.Mutex
