@@ -53,3 +53,30 @@ func TestShortRunScheduleHasEveryKind(t *testing.T) {
 		}
 	}
 }
+
+// The pair's short run of make test (seed 5, 45s, -ha) has the pair's
+// faults, on the active and the standby, and no clone; without -ha no
+// fault names one of the pair.
+func TestHAScheduleHasThePairsFaults(t *testing.T) {
+	kinds, on := map[string]bool{}, map[string]bool{}
+	for _, f := range schedule(5, 45*time.Second, 8, defaultDevices, 2*time.Second, false, true) {
+		kinds[f.Kind] = true
+		on[f.Agent] = true
+		if f.Kind == fAgentClone {
+			t.Fatalf("-ha: scheduled %s", f)
+		}
+	}
+	for _, k := range []string{fHAKill, fHAPause, fHAPartition} {
+		if !kinds[k] {
+			t.Errorf("seed 5, 45s, -ha: no %s", k)
+		}
+	}
+	if !on["active"] || !on["standby"] {
+		t.Errorf("seed 5, 45s, -ha: faults on %v, want the active and the standby", on)
+	}
+	for _, f := range schedule(7, 60*time.Second, 8, defaultDevices, 2*time.Second, false, false) {
+		if f.Agent != "" || f.Kind == fHAKill || f.Kind == fHAPause || f.Kind == fHAPartition {
+			t.Fatalf("without -ha: scheduled %s", f)
+		}
+	}
+}
