@@ -85,6 +85,27 @@ func TestFleetShowsHeldWritesAndRoles(t *testing.T) {
 	if s := rows["gw-s"]; !s.Registered || !s.Online || s.Role != "single" || s.HeldWrites != 0 || len(s.Standbys) != 0 {
 		t.Fatalf("gw-s in edgectl fleet: %+v", s)
 	}
+	// The series the dashboard's fleet row joins (deploy/prometheus's
+	// promtool test takes them as given): the active counts the held
+	// write; the standby names its gateway, has no broker session and,
+	// with no agent yet, no held-write series.
+	metrics := func(addr string) map[string]string {
+		_, b := haGet(addr, "/metrics")
+		m := map[string]string{}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok && !strings.HasPrefix(l, "#") {
+				m[k] = v
+			}
+		}
+		return m
+	}
+	if m := metrics(f.adminAt); m["edge_agent_writes_held_unknown"] != "1" || m[`edge_agent_gateway_info{gateway="gw-1"}`] != "1" {
+		t.Fatalf("the active's metrics: held %q, gateway_info %q", m["edge_agent_writes_held_unknown"], m[`edge_agent_gateway_info{gateway="gw-1"}`])
+	}
+	if m := metrics(b.adminAt); m[`edge_agent_gateway_info{gateway="gw-1"}`] != "1" || m["edge_agent_mqtt_connected"] != "0" || m["edge_agent_writes_held_unknown"] != "" {
+		t.Fatalf("the standby's metrics: gateway_info %q, mqtt_connected %q, held %q", m[`edge_agent_gateway_info{gateway="gw-1"}`], m["edge_agent_mqtt_connected"], m["edge_agent_writes_held_unknown"])
+	}
+
 	code, out := runEdgectl(t, "fleet", "--etcd", eps, "--broker", f.broker)
 	t.Logf("edgectl fleet, v-1 held:\n%s", out)
 	for _, re := range []string{
