@@ -208,11 +208,19 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.watchFailures()
 	statusTopic := wire.StatusTopic(cfg.MQTT.TopicPrefix, cfg.GatewayID)
-	online, err := json.Marshal(wire.GatewayStatus{State: "online", Version: a.o.Version})
+	// Only an agent that serves connects: single, or active (a standby
+	// has no broker session). With ha the role is active whenever the
+	// session is up (onRole closes it on a stand-down).
+	role := fencemem.RoleSingle
+	if cfg.HA.Enabled {
+		role = fencemem.RoleActive
+	}
+	host, _ := os.Hostname()
+	online, err := json.Marshal(wire.GatewayStatus{State: "online", Version: a.o.Version, Role: role, Host: host})
 	if err != nil {
 		return err
 	}
-	offline, err := json.Marshal(wire.GatewayStatus{State: "offline", Version: a.o.Version})
+	offline, err := json.Marshal(wire.GatewayStatus{State: "offline", Version: a.o.Version, Role: role, Host: host})
 	if err != nil {
 		return err
 	}
