@@ -494,6 +494,9 @@ func runTakeover(o takeoverOpts) error {
 	var cells []cell
 	for _, ttl := range o.ttls {
 		for _, fault := range o.faults {
+			if o.runs == 0 {
+				break
+			}
 			runs, err := takeoverCell(bins, filepath.Join(tmp, fmt.Sprintf("takeover-%s-%s", ttl, faultName(fault))), broker, etcd, ttl, fault, o.runs, o.devices)
 			if err != nil {
 				return fmt.Errorf("session_ttl %s, %s: %w", ttl, faultName(fault), err)
@@ -579,29 +582,31 @@ func runTakeover(o takeoverOpts) error {
 	defer f.Close()
 	fmt.Fprintf(f, "\n`go run ./cmd/edge-bench -takeover -takeover-runs %d -session-ttl %s -takeover-devices %d`, %s, load average %s before, %s after the takeovers, %s at the end:\n\n",
 		o.runs, joinDurs(o.ttls), o.devices, time.Now().UTC().Format("2006-01-02"), loadBefore, loadMid, loadAfter)
-	fmt.Fprintln(f, "| session_ttl | fault | runs | to role active: median | worst | to the controller's command applied: median | worst | bound (session_ttl + 5 s) | over the bound | resends |")
-	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|")
-	for _, c := range cells {
-		bound := c.ttl + 5*time.Second
-		var role, applied []time.Duration
-		res := 0
-		for _, r := range c.runs {
-			role, applied = append(role, r.role), append(applied, r.applied)
-			res += r.resends
+	if len(cells) > 0 {
+		fmt.Fprintln(f, "| session_ttl | fault | runs | to role active: median | worst | to the controller's command applied: median | worst | bound (session_ttl + 5 s) | over the bound | resends |")
+		fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|")
+		for _, c := range cells {
+			bound := c.ttl + 5*time.Second
+			var role, applied []time.Duration
+			res := 0
+			for _, r := range c.runs {
+				role, applied = append(role, r.role), append(applied, r.applied)
+				res += r.resends
+			}
+			rm, rw, ro := durStats(role, bound)
+			am, aw, ao := durStats(applied, bound)
+			fmt.Fprintf(f, "| %s | %s | %d | **%s** | **%s** | **%s** | **%s** | %s | %d, %d | %d |\n", c.ttl, faultName(c.fault), len(c.runs),
+				rm.Round(time.Millisecond), rw.Round(time.Millisecond), am.Round(time.Millisecond), aw.Round(time.Millisecond), bound, ro, ao, res)
 		}
-		rm, rw, ro := durStats(role, bound)
-		am, aw, ao := durStats(applied, bound)
-		fmt.Fprintf(f, "| %s | %s | %d | **%s** | **%s** | **%s** | **%s** | %s | %d, %d | %d |\n", c.ttl, faultName(c.fault), len(c.runs),
-			rm.Round(time.Millisecond), rw.Round(time.Millisecond), am.Round(time.Millisecond), aw.Round(time.Millisecond), bound, ro, ao, res)
-	}
-	fmt.Fprintln(f, "\nEach run, to role active / first Result (stale_fence) / applied:")
-	fmt.Fprintln(f)
-	for _, c := range cells {
-		var parts []string
-		for _, r := range c.runs {
-			parts = append(parts, fmt.Sprintf("%.2f/%.2f/%.2f", r.role.Seconds(), r.first.Seconds(), r.applied.Seconds()))
+		fmt.Fprintln(f, "\nEach run, to role active / first Result (stale_fence) / applied:")
+		fmt.Fprintln(f)
+		for _, c := range cells {
+			var parts []string
+			for _, r := range c.runs {
+				parts = append(parts, fmt.Sprintf("%.2f/%.2f/%.2f", r.role.Seconds(), r.first.Seconds(), r.applied.Seconds()))
+			}
+			fmt.Fprintf(f, "- %s, %s (s): %s\n", c.ttl, faultName(c.fault), strings.Join(parts, ", "))
 		}
-		fmt.Fprintf(f, "- %s, %s (s): %s\n", c.ttl, faultName(c.fault), strings.Join(parts, ", "))
 	}
 	if o.cpuRounds > 0 {
 		fmt.Fprintf(f, "\n`-duration %s -devices %d -takeover-cpu-rounds %d` (alternating rounds; session_ttl %s, safety_margin %s):\n\n", o.dur, o.cpuN, o.cpuRounds, ttl, haMargin)
