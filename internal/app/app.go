@@ -246,6 +246,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		WillTopic: statusTopic, WillPayload: offline, OnlinePayload: online, OfflinePayload: offline,
 		Logger: a.log,
 	}
+	if cfg.HA.Enabled {
+		// A paused active, woken, must not take the gateway's broker
+		// session back from the agent that took over before it has
+		// noticed it is deposed: no connection, reconnects included,
+		// while the session is not proven alive (docs/protocol.md §8).
+		a.mqttOpts.MayConnect = a.fm.Proven
+	}
 	mc, err := mqtt.New(a.mqttOpts)
 	if err != nil {
 		return fmt.Errorf("%w: mqtt: %v", ErrConfig, err)
