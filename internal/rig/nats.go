@@ -292,13 +292,21 @@ func (c *NATSCluster) Stop() {
 	}
 }
 
-// Log is the tail (last n bytes) of node i's log.
+// Log is the tail (last n bytes) of node i's log, without the lines a
+// node writes every second while a route to a stopped node is refused.
 func (c *NATSCluster) Log(i, n int) string {
 	b, _ := os.ReadFile(c.Nodes[i].LogPath)
-	if len(b) > n {
-		b = b[len(b)-n:]
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, "Error trying to connect to route") {
+			keep = append(keep, l)
+		}
 	}
-	return string(b)
+	s := strings.Join(keep, "\n")
+	if len(s) > n {
+		s = s[len(s)-n:]
+	}
+	return s
 }
 
 // WaitReady waits up to within until node i accepts an MQTT CONNECT
