@@ -95,12 +95,11 @@ func TestHARefusedDeliveryIsTakenOnceProvenAgain(t *testing.T) {
 // inbox copy of the same op_id stale_fence: a final Result followed by a
 // different one.
 //
-// Before ff954e8 the deposed worker asked about q-1 at once and answered
-// q-2 fence_unconfirmed (not final), and this test passes; with the gate
-// in ask it fails (q-2 applied/ok by the new active, then
-// rejected/stale_fence by the old one).
+// The deposed worker asks about q-1 at once and answers q-2
+// fence_unconfirmed (not final); with ff954e8's gate in ask (since
+// reverted) it failed: q-2 applied/ok by the new active, then
+// rejected/stale_fence by the old one.
 func TestHADeposedInboxDoesNotContradictTheOtherActive(t *testing.T) {
-	t.Skip("needs a design decision (docs/design.md, 'A standby that takes over'): a command queued in a store before a takeover floor may have been run by the other agent under a newer fence; answering it stale_fence (final) after the takeover contradicts that agent's final Result (invariant 8). E.g. answer such commands fence_unconfirmed (not recorded), or drain them fence_unconfirmed at the stand-down; found by review, fails since ff954e8")
 	t.Setenv("MQTTTEST_VERBOSE", "1") // mosquitto logs every PUBACK
 	f := newHA(t)
 	b := f.peer()
