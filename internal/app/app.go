@@ -262,6 +262,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		a.handler.set(admin.Handler(a.ag, a.adminOptions()))
 	}
 	a.fm.OnRole(a.onRole)
+	if r, _ := a.fm.Role(); r == fencemem.RoleStandby {
+		// Stood down between the fence memory's start and OnRole (a
+		// slow plugin compile and an etcd blip): that stand-down's
+		// tell was not heard, so it is done here (the client is closed
+		// and never connects); becoming active again makes a new one.
+		a.onRole(false)
+	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
 	go func() {
