@@ -27,6 +27,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/buildinfo"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
 	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
@@ -147,6 +148,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err := a.startFenceMemory(ctx); err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.Startup, "")
 
 	drv, devs, err := a.buildDrivers()
 	if err != nil {
