@@ -130,6 +130,13 @@ func main() {
 		}
 		return
 	}
+	if *fleetOn { // fleet.go
+		if err := runFleet(*dur, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *fp { // footprint.go
 		if err := runFootprint(*devs, *fpBrokers, *fpCommands, *fpIdle, *fpData, *out); err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench:", err)
