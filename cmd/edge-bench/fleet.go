@@ -65,9 +65,11 @@ type fleetResult struct {
 	agentCPU          []time.Duration // per agent, per command of its own
 	brokerCPU         time.Duration   // per command of all, every node
 	etcdCPU           time.Duration
-	simCPU            time.Duration // every simulator
-	benchCPU          time.Duration // this process: the controllers
-	load              string        // /proc/loadavg before the run
+	simCPU            time.Duration   // every simulator
+	benchCPU          time.Duration   // this process: the controllers
+	agentIdle         []time.Duration // per agent, CPU per second idle (fleetIdle)
+	etcdIdle          time.Duration   // CPU per second idle
+	load              string          // /proc/loadavg before the run
 }
 
 func runFleet(dur time.Duration, out string) error {
@@ -104,12 +106,15 @@ func runFleet(dur time.Duration, out string) error {
 			}
 			results = append(results, r)
 			med, mx := medianMax(r.agentCPU)
+			idle, idleMax := medianMax(r.agentIdle)
 			fmt.Printf("%-9s %2d gateways x %d devices: %6.0f cmds/s, p50 %s, p99 %s; lock acquire p50 %s, p99 %s, max %s\n"+
-				"          CPU per command: agents median %d µs, max %d µs; broker %d, etcd %d, firmware-sim %d, controllers %d µs; load before %s\n",
+				"          CPU per command: agents median %d µs, max %d µs; broker %d, etcd %d, firmware-sim %d, controllers %d µs; load before %s\n"+
+				"          idle (%s, locks held, no command): agents median %.1f, max %.1f ms CPU/s; etcd %.1f ms/s\n",
 				kind, g, r.devices, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 				r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond), r.acqMax.Round(time.Millisecond),
 				med.Microseconds(), mx.Microseconds(), r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
-				r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load)
+				r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load,
+				fleetIdle, msOf(idle), msOf(idleMax), msOf(r.etcdIdle))
 		}
 	}
 	if out == "" {
@@ -129,8 +134,8 @@ func runFleet(dur time.Duration, out string) error {
 // writeFleetTable writes the results as a Markdown table, each row's
 // growth against the first row of its broker.
 func writeFleetTable(f interface{ Write([]byte) (int, error) }, results []fleetResult) {
-	fmt.Fprintln(f, "| broker | gateways x devices | cmds/s | growth | p50 | p99 | lock acquire p50 | p99 | agent CPU µs/cmd median | max | broker µs/cmd | etcd | firmware-sim | controllers | load before |")
-	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(f, "| broker | gateways x devices | cmds/s | growth | p50 | p99 | lock acquire p50 | p99 | agent CPU µs/cmd median | max | agent idle ms/s median | broker µs/cmd | etcd | firmware-sim | controllers | load before |")
+	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	var base *fleetResult
 	for i := range results {
 		r := &results[i]
@@ -145,12 +150,22 @@ func writeFleetTable(f interface{ Write([]byte) (int, error) }, results []fleetR
 // measured against.
 func fleetRow(r, base fleetResult) string {
 	med, mx := medianMax(r.agentCPU)
-	return fmt.Sprintf("| %s | %d x %d | %.0f | %s | %s | %s | %s | %s | %d | %d | %d | %d | %d | %d | %s |",
+	idle, _ := medianMax(r.agentIdle)
+	return fmt.Sprintf("| %s | %d x %d | %.0f | %s | %s | %s | %s | %s | %d | %d | %.1f | %d | %d | %d | %d | %s |",
 		r.broker, r.gateways, r.devices, r.perSec, growth(r, base),
-		r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
+		fmtLatency(r.p50), fmtLatency(r.p99),
 		r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond),
-		med.Microseconds(), mx.Microseconds(), r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
+		med.Microseconds(), mx.Microseconds(), float64(idle.Microseconds())/1000, r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
 		r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load)
+}
+
+// fmtLatency rounds a latency for the table: to the µs below 10 ms, to
+// 0.1 ms above.
+func fmtLatency(d time.Duration) string {
+	if d < 10*time.Millisecond {
+		return d.Round(time.Microsecond).String()
+	}
+	return d.Round(100 * time.Microsecond).String()
 }
 
 // growth is r's throughput against base's, beside the growth in devices:
@@ -162,6 +177,8 @@ func growth(r, base fleetResult) string {
 	}
 	return fmt.Sprintf("x%.2f for x%s devices", r.perSec/base.perSec, strconv.FormatFloat(float64(rd)/float64(bd), 'f', -1, 64))
 }
+
+func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // parseCounts reads a list of positive integers ("1,5,20").
 func parseCounts(s string) ([]int, error) {
@@ -235,6 +252,18 @@ func parseLoadavg(s string) string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// fleetIdle is how long the idle CPU is measured, before the commands:
+// long enough for /proc's 10 ms ticks to count an agent's 1% of a core.
+const fleetIdle = 5 * time.Second
+
+// perSecond is d spent over took, per second.
+func perSecond(d, took time.Duration) time.Duration {
+	if took <= 0 {
+		return 0
+	}
+	return time.Duration(float64(d) / took.Seconds())
 }
 
 // spent is each process's CPU since begin, in the order they were added.
@@ -458,6 +487,18 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 		release()
 		return res, fmt.Errorf("%d controllers failed before the run: %w", failed.Load(), errors.Join(errs...))
 	}
+	// Idle first: every agent ready, every controller holding its lock
+	// (its lease renewed) and no command: what a gateway costs without
+	// commands, which its CPU per command carries when each gateway
+	// gets few of them.
+	m.begin()
+	t0 := time.Now()
+	time.Sleep(fleetIdle)
+	idle, took := m.spent(), time.Since(t0)
+	for i := range g {
+		res.agentIdle = append(res.agentIdle, perSecond(idle[i], took))
+	}
+	res.etcdIdle = perSecond(idle[2*g+len(br.pids)], took)
 	warm, end = time.Now().Add(dur/10), time.Now().Add(dur)
 	close(start)
 	meterStarted := make(chan struct{})

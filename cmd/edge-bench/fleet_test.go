@@ -29,13 +29,6 @@ func TestFleetFlags(t *testing.T) {
 }
 
 func TestFleetStats(t *testing.T) {
-	ms := func(v ...int) []time.Duration {
-		var d []time.Duration
-		for _, x := range v {
-			d = append(d, time.Duration(x)*time.Millisecond)
-		}
-		return d
-	}
 	d := ms(5, 1, 4, 2, 3)
 	if q := quantile(d, 0.5); q != 3*time.Millisecond {
 		t.Errorf("p50 = %v, want 3ms", q)
@@ -79,14 +72,24 @@ func TestFleetGrowthAndRow(t *testing.T) {
 	five := fleetResult{broker: "mosquitto", gateways: 5, devices: 16, perSec: 1000,
 		p50: 1500 * time.Microsecond, p99: 9 * time.Millisecond, acqP50: 40 * time.Millisecond, acqP99: 120 * time.Millisecond,
 		agentCPU:  []time.Duration{300 * time.Microsecond, 500 * time.Microsecond, 400 * time.Microsecond, 350 * time.Microsecond, 900 * time.Microsecond},
+		agentIdle: []time.Duration{2 * time.Millisecond, 9 * time.Millisecond, 3500 * time.Microsecond},
 		brokerCPU: 80 * time.Microsecond, etcdCPU: 12 * time.Microsecond, simCPU: 150 * time.Microsecond, benchCPU: 200 * time.Microsecond, load: "1.0 0.9 0.8"}
+	if got := fmtLatency(1234567 * time.Nanosecond); got != "1.235ms" {
+		t.Errorf("fmtLatency(1.234567ms) = %s", got)
+	}
+	if got := fmtLatency(1063895 * time.Microsecond); got != "1.0639s" {
+		t.Errorf("fmtLatency(1.063895s) = %s", got)
+	}
+	if perSecond(30*time.Millisecond, 5*time.Second) != 6*time.Millisecond || perSecond(time.Second, 0) != 0 {
+		t.Error("perSecond")
+	}
 	if g := growth(one, one); g != "1" {
 		t.Errorf("growth of the base = %q", g)
 	}
 	if g := growth(five, one); g != "x2.50 for x5 devices" {
 		t.Errorf("growth = %q", g)
 	}
-	want := "| mosquitto | 5 x 16 | 1000 | x2.50 for x5 devices | 1.5ms | 9ms | 40ms | 120ms | 400 | 900 | 80 | 12 | 150 | 200 | 1.0 0.9 0.8 |"
+	want := "| mosquitto | 5 x 16 | 1000 | x2.50 for x5 devices | 1.5ms | 9ms | 40ms | 120ms | 400 | 900 | 3.5 | 80 | 12 | 150 | 200 | 1.0 0.9 0.8 |"
 	if got := fleetRow(five, one); got != want {
 		t.Errorf("row\n got %s\nwant %s", got, want)
 	}
