@@ -69,6 +69,8 @@ type fleetResult struct {
 	benchCPU          time.Duration   // this process: the controllers
 	agentIdle         []time.Duration // per agent, CPU per second idle (fleetIdle)
 	etcdIdle          time.Duration   // CPU per second idle
+	brokerIdle        time.Duration   // CPU per second idle, every node
+	benchIdle         time.Duration   // the controllers' CPU per second idle
 	load              string          // /proc/loadavg before the run
 }
 
@@ -109,12 +111,12 @@ func runFleet(dur time.Duration, out string) error {
 			idle, idleMax := medianMax(r.agentIdle)
 			fmt.Printf("%-9s %2d gateways x %d devices: %6.0f cmds/s, p50 %s, p99 %s; lock acquire p50 %s, p99 %s, max %s\n"+
 				"          CPU per command: agents median %d µs, max %d µs; broker %d, etcd %d, firmware-sim %d, controllers %d µs; load before %s\n"+
-				"          idle (%s, locks held, no command): agents median %.1f, max %.1f ms CPU/s; etcd %.1f ms/s\n",
+				"          idle (%s, locks held, no command): agents median %.1f, max %.1f ms CPU/s; broker %.1f, etcd %.1f, controllers %.1f ms/s\n",
 				kind, g, r.devices, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 				r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond), r.acqMax.Round(time.Millisecond),
 				med.Microseconds(), mx.Microseconds(), r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
 				r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load,
-				fleetIdle, msOf(idle), msOf(idleMax), msOf(r.etcdIdle))
+				fleetIdle, msOf(idle), msOf(idleMax), msOf(r.brokerIdle), msOf(r.etcdIdle), msOf(r.benchIdle))
 		}
 	}
 	if out == "" {
@@ -134,8 +136,8 @@ func runFleet(dur time.Duration, out string) error {
 // writeFleetTable writes the results as a Markdown table, each row's
 // growth against the first row of its broker.
 func writeFleetTable(f interface{ Write([]byte) (int, error) }, results []fleetResult) {
-	fmt.Fprintln(f, "| broker | gateways x devices | cmds/s | growth | p50 | p99 | lock acquire p50 | p99 | agent CPU µs/cmd median | max | agent idle ms/s median | broker µs/cmd | etcd | firmware-sim | controllers | load before |")
-	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(f, "| broker | gateways x devices | cmds/s | per gateway | growth | p50 | p99 | lock acquire p50 | p99 | agent CPU µs/cmd median | max | agent idle ms/s median | broker µs/cmd | etcd | firmware-sim | controllers | load before |")
+	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	var base *fleetResult
 	for i := range results {
 		r := &results[i]
@@ -151,8 +153,8 @@ func writeFleetTable(f interface{ Write([]byte) (int, error) }, results []fleetR
 func fleetRow(r, base fleetResult) string {
 	med, mx := medianMax(r.agentCPU)
 	idle, _ := medianMax(r.agentIdle)
-	return fmt.Sprintf("| %s | %d x %d | %.0f | %s | %s | %s | %s | %s | %d | %d | %.1f | %d | %d | %d | %d | %s |",
-		r.broker, r.gateways, r.devices, r.perSec, growth(r, base),
+	return fmt.Sprintf("| %s | %d x %d | %.0f | %.0f | %s | %s | %s | %s | %s | %d | %d | %.1f | %d | %d | %d | %d | %s |",
+		r.broker, r.gateways, r.devices, r.perSec, r.perSec/float64(max(r.gateways, 1)), growth(r, base),
 		fmtLatency(r.p50), fmtLatency(r.p99),
 		r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond),
 		med.Microseconds(), mx.Microseconds(), float64(idle.Microseconds())/1000, r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
@@ -254,9 +256,42 @@ func parseLoadavg(s string) string {
 	return strings.Join(f[:3], " ")
 }
 
-// fleetIdle is how long the idle CPU is measured, before the commands:
-// long enough for /proc's 10 ms ticks to count an agent's 1% of a core.
+// fleetIdle is how long the idle CPU is measured, before the commands.
 const fleetIdle = 5 * time.Second
+
+// schedTimes is the CPU time each process (0: this one) has run so far,
+// to the nanosecond: the sum over its threads of /proc/PID/task/TID/
+// schedstat's first field. A thread that ended is not counted, so it is
+// for the idle stretch (Go's threads live as long as the process), where
+// the ticks of /proc/PID/stat (10 ms) are too coarse for a few ms/s.
+func schedTimes(pids []int) []time.Duration {
+	out := make([]time.Duration, len(pids))
+	for i, pid := range pids {
+		p := "self"
+		if pid != 0 {
+			p = strconv.Itoa(pid)
+		}
+		tasks, _ := os.ReadDir("/proc/" + p + "/task")
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + p + "/task/" + t.Name() + "/schedstat")
+			if err == nil {
+				out[i] += parseSchedstat(string(b))
+			}
+		}
+	}
+	return out
+}
+
+// parseSchedstat reads the time on the CPU (ns, the first field) of a
+// schedstat line.
+func parseSchedstat(s string) time.Duration {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(f[0], 10, 64)
+	return time.Duration(n)
+}
 
 // perSecond is d spent over took, per second.
 func perSecond(d, took time.Duration) time.Duration {
@@ -491,14 +526,20 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 	// (its lease renewed) and no command: what a gateway costs without
 	// commands, which its CPU per command carries when each gateway
 	// gets few of them.
-	m.begin()
-	t0 := time.Now()
+	idle0, t0 := schedTimes(m.pids), time.Now()
 	time.Sleep(fleetIdle)
-	idle, took := m.spent(), time.Since(t0)
+	idle, took := schedTimes(m.pids), time.Since(t0)
+	for i := range idle {
+		idle[i] -= idle0[i]
+	}
 	for i := range g {
 		res.agentIdle = append(res.agentIdle, perSecond(idle[i], took))
 	}
 	res.etcdIdle = perSecond(idle[2*g+len(br.pids)], took)
+	res.benchIdle = perSecond(idle[2*g+len(br.pids)+1], took)
+	for i := range br.pids {
+		res.brokerIdle += perSecond(idle[2*g+i], took)
+	}
 	warm, end = time.Now().Add(dur/10), time.Now().Add(dur)
 	close(start)
 	meterStarted := make(chan struct{})

@@ -59,6 +59,15 @@ func TestFleetStats(t *testing.T) {
 	if med, mx := medianMax(nil); med != 0 || mx != 0 {
 		t.Errorf("medianMax of none = %v, %v", med, mx)
 	}
+	if got := parseSchedstat("137367744 71158436823 727\n"); got != 137367744*time.Nanosecond {
+		t.Errorf("parseSchedstat = %v", got)
+	}
+	if got := parseSchedstat(""); got != 0 {
+		t.Errorf("parseSchedstat of nothing = %v", got)
+	}
+	if got := schedTimes([]int{0}); got[0] <= 0 {
+		t.Errorf("this process ran for %v", got[0])
+	}
 	if got := parseLoadavg("1.02 0.88 0.61 3/412 9999\n"); got != "1.02 0.88 0.61" {
 		t.Errorf("parseLoadavg = %q", got)
 	}
@@ -89,7 +98,7 @@ func TestFleetGrowthAndRow(t *testing.T) {
 	if g := growth(five, one); g != "x2.50 for x5 devices" {
 		t.Errorf("growth = %q", g)
 	}
-	want := "| mosquitto | 5 x 16 | 1000 | x2.50 for x5 devices | 1.5ms | 9ms | 40ms | 120ms | 400 | 900 | 3.5 | 80 | 12 | 150 | 200 | 1.0 0.9 0.8 |"
+	want := "| mosquitto | 5 x 16 | 1000 | 200 | x2.50 for x5 devices | 1.5ms | 9ms | 40ms | 120ms | 400 | 900 | 3.5 | 80 | 12 | 150 | 200 | 1.0 0.9 0.8 |"
 	if got := fleetRow(five, one); got != want {
 		t.Errorf("row\n got %s\nwant %s", got, want)
 	}
@@ -102,7 +111,7 @@ func TestFleetGrowthAndRow(t *testing.T) {
 		t.Fatalf("table of 3 results has %d lines:\n%s", len(lines), b.String())
 	}
 	// Each broker's rows grow against its own first row.
-	if !strings.Contains(lines[3], "| x2.50 for x5 devices |") || !strings.Contains(lines[4], "| nats | 5 x 16 | 1000 | 1 |") {
+	if !strings.Contains(lines[3], "| x2.50 for x5 devices |") || !strings.Contains(lines[4], "| nats | 5 x 16 | 1000 | 200 | 1 |") {
 		t.Errorf("growth not per broker:\n%s", b.String())
 	}
 }
