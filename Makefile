@@ -70,18 +70,20 @@ test: plugins-c
 # against the firmware's journal. Exit 1 when it found a violation.
 #   make chaos SEED=42 DURATION=30m            mosquitto with persistence
 #   make chaos SEED=42 DURATION=5m BROKER=embedded
+#   make chaos SEED=1 DURATION=5m HA=1         a standby pair (docs/testing.md)
 SEED     ?= 1
 DURATION ?= 5m
 BROKER   ?= mosquitto
+HA       ?=
 chaos:
 	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
-	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) -broker $(BROKER) $(CHAOSFLAGS)
+	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) -broker $(BROKER) $(if $(filter 1,$(HA)),-ha) $(CHAOSFLAGS)
 
 # Every deliberate bug (the patches in cmd/edge-chaos/mutants/), each built
 # into an agent of its own (go build -overlay: the tree is not changed) and
-# run against a fixed-seed campaign: prints `caught K/6`, exit 0
-# only when every mutant was caught. (make test runs it too with
-# CHAOS_MUTANTS=1.)
+# run against a fixed-seed campaign (the pair's, ha_*, with -ha): prints
+# `caught K/8`, exit 0 only when every mutant was caught. (make test runs
+# it too with CHAOS_MUTANTS=1.)
 chaos-mutants:
 	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
 	$(BIN)/edge-chaos mutants -seed $(SEED) -duration 60s -settle 30s $(CHAOSFLAGS)

@@ -172,21 +172,81 @@ devices:
 }
 
 func TestMosquittoClosed(t *testing.T) {
+	c := startClosedMosquittos(t, 1)
+	url := "ssl://" + c.nodes[0].Addr()
+	tc := caConfig(t, c.tls.CA)
+	if err := tryConnect(url, "anon", "", "", tc); err == nil {
+		t.Error("an anonymous client connected")
+	}
+	if err := tryConnect(url, "c1", "ctl-a", "wrong", tc); err == nil {
+		t.Error("a wrong password connected")
+	}
+	if code, out := c.send(t, url, "3"); code != 0 || !strings.Contains(out, `"code": "ok"`) {
+		t.Fatalf("edgectl send through mosquitto (credentials from the environment): exit %d\n%s\n%s", code, out, c.nodes[0].Log())
+	}
+}
+
+// A broker list over TLS with passwords (docs/protocol.md §9): the agent
+// and edgectl take ssl:// nodes with one CA and one set of credentials;
+// when the agent's node is killed it moves to the next, still closed.
+func TestMosquittoClosedBrokerList(t *testing.T) {
+	c := startClosedMosquittos(t, 2)
+	n1, n2 := "ssl://"+c.nodes[0].Addr(), "ssl://"+c.nodes[1].Addr()
+	if got := c.agent.BrokerURL(); got != n1 {
+		t.Fatalf("the agent is on %s, want the first node %s", got, n1)
+	}
+	if code, out := c.send(t, n1+","+n2, "3"); code != 0 || !strings.Contains(out, `"code": "ok"`) {
+		t.Fatalf("edgectl send with two nodes: exit %d\n%s", code, out)
+	}
+	c.nodes[0].Kill()
+	if tryConnect(n1, "c2", "ctl-a", "pa55", caConfig(t, c.tls.CA)) == nil {
+		t.Fatal("the first node still answers after its kill")
+	}
+	testkit.Eventually(t, 30*time.Second, "the agent on the second node", func() bool {
+		return c.agent.BrokerURL() == n2 && c.agent.Ready() == nil
+	})
+	if code, out := c.send(t, n1+","+n2, "4"); code != 0 || !strings.Contains(out, `"code": "ok"`) || !strings.Contains(out, `"last_fence": 4`) {
+		t.Fatalf("edgectl send after node 1 died: exit %d\n%s\n%s", code, out, c.nodes[1].Log())
+	}
+	if tryConnect(n2, "anon", "", "", caConfig(t, c.tls.CA)) == nil {
+		t.Error("an anonymous client connected to the second node")
+	}
+}
+
+// closedMosquittos is n mosquittos with TLS, a password file and the
+// shipped ACL, and an agent (in process) connected to them as mqtt.brokers
+// (mqtt.broker for one) with its password and the CA.
+type closedMosquittos struct {
+	nodes []*mqtttest.Mosquitto
+	tls   testkit.TLSFiles
+	agent *app.App
+}
+
+func startClosedMosquittos(t *testing.T, n int) *closedMosquittos {
+	t.Helper()
 	pw := passwdFile(t, [2]string{"edge-agent", "agent-pw"}, [2]string{"ctl-a", "pa55"})
 	agentPW, ctlPW := writeFile(t, "agent-pw\n"), writeFile(t, "pa55\n")
-	tf := testkit.MakeTLS(t)
+	c := &closedMosquittos{tls: testkit.MakeTLS(t)}
 	acl, err := filepath.Abs("../configs/mosquitto.acl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := mqtttest.StartMosquitto(t, "cafile "+tf.CA, "certfile "+tf.ServerCert, "keyfile "+tf.ServerKey,
-		"allow_anonymous false", "password_file "+pw, "acl_file "+acl)
-	url := "ssl://" + m.Addr()
+	var urls []string
+	for range n {
+		m := mqtttest.StartMosquitto(t, "cafile "+c.tls.CA, "certfile "+c.tls.ServerCert, "keyfile "+c.tls.ServerKey,
+			"allow_anonymous false", "password_file "+pw, "acl_file "+acl)
+		c.nodes = append(c.nodes, m)
+		urls = append(urls, "ssl://"+m.Addr())
+	}
+	brokers := "broker: " + urls[0]
+	if n > 1 {
+		brokers = "brokers: [" + strings.Join(urls, ", ") + "]"
+	}
 	s := sim.StartForTest(t, map[string]string{"pump-7": "pump"})
 	cfgText := fmt.Sprintf(`gateway_id: %s
 data_dir: %s
 mqtt:
-  broker: %s
+  %s
   client_id: edge-agent-e2e
   username: edge-agent
   password_file: %s
@@ -194,33 +254,29 @@ mqtt:
 admin: {listen: ""}
 devices:
   - {id: pump-7, type: pump, driver: {url: %q, idempotent: true, queryable: true}}
-`, gw, filepath.Join(t.TempDir(), "data"), url, agentPW, tf.CA, s.URL())
+`, gw, filepath.Join(t.TempDir(), "data"), brokers, agentPW, c.tls.CA, s.URL())
 	cfg, err := config.Parse([]byte(cfgText))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := app.New(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err := a.Start(context.Background()); err != nil {
+	c.agent = app.New(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err := c.agent.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		a.Stop(ctx)
-	}()
-	testkit.Eventually(t, 15*time.Second, "the agent connected to mosquitto", func() bool { return a.Ready() == nil })
-
-	tc := caConfig(t, tf.CA)
-	if err := tryConnect(url, "anon", "", "", tc); err == nil {
-		t.Error("an anonymous client connected")
-	}
-	if err := tryConnect(url, "c1", "ctl-a", "wrong", tc); err == nil {
-		t.Error("a wrong password connected")
-	}
+		c.agent.Stop(ctx)
+	})
+	testkit.Eventually(t, 15*time.Second, "the agent connected to mosquitto", func() bool { return c.agent.Ready() == nil })
 	t.Setenv("EDGECTL_USERNAME", "ctl-a")
 	t.Setenv("EDGECTL_PASSWORD_FILE", ctlPW)
-	code, out := edgectlSend(t, "--broker", url, "--cafile", tf.CA, "--device", "pump-7", "--action", "set", "--param", "rpm=500", "--fence", "3")
-	if code != 0 || !strings.Contains(out, `"code": "ok"`) {
-		t.Fatalf("edgectl send through mosquitto (credentials from the environment): exit %d\n%s\n%s", code, out, m.Log())
-	}
+	return c
+}
+
+// send runs edgectl send to pump-7 through brokers (a comma-separated
+// list) with the CA and the controller's credentials from the environment.
+func (c *closedMosquittos) send(t *testing.T, brokers, fence string) (int, string) {
+	t.Helper()
+	return edgectlSend(t, "--broker", brokers, "--cafile", c.tls.CA, "--device", "pump-7", "--action", "set", "--param", "rpm=500", "--fence", fence)
 }

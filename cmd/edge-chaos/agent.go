@@ -19,6 +19,9 @@ import (
 // schedule asks for (EDGE_AGENT_FAILPOINTS; none for a plain restart).
 type agentSup struct {
 	w       *world
+	name    string // "a", "b" (-ha); "" for the single agent
+	admin   string // its admin API's URL
+	data    string // its data directory
 	cfg     string
 	seed    uint64
 	cmds    chan agentCmd
@@ -30,6 +33,7 @@ type agentSup struct {
 	mu   sync.Mutex
 	p    *rig.Proc
 	spec string
+	pids map[int]bool // every process it started
 }
 
 // agentCmd is one restart: stop with sig (wait up to 15s, then SIGKILL),
@@ -48,8 +52,24 @@ type agentCmd struct {
 	during func(p *rig.Proc)
 }
 
-func newAgentSup(w *world, cfg string, seed uint64) *agentSup {
-	return &agentSup{w: w, cfg: cfg, seed: seed, cmds: make(chan agentCmd, 64), quit: make(chan struct{}), done: make(chan struct{})}
+func newAgentSup(w *world, name, admin, data, cfg string, seed uint64) *agentSup {
+	return &agentSup{w: w, name: name, admin: admin, data: data, cfg: cfg, seed: seed, cmds: make(chan agentCmd, 64), quit: make(chan struct{}), done: make(chan struct{}), pids: map[int]bool{}}
+}
+
+// target is the agent's name in the fault records: its pid, and with
+// -ha its name before it (a:1234).
+func (a *agentSup) target(pid int) string {
+	if a.name == "" {
+		return fmt.Sprint(pid)
+	}
+	return fmt.Sprintf("%s:%d", a.name, pid)
+}
+
+// hadPID reports whether pid is one of this agent's processes.
+func (a *agentSup) hadPID(pid int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pids[pid]
 }
 
 func (a *agentSup) proc() *rig.Proc {
@@ -66,13 +86,14 @@ func (a *agentSup) start(spec string) error {
 	}
 	a.mu.Lock()
 	a.p, a.spec = p, spec
+	a.pids[p.PID()] = true
 	a.mu.Unlock()
 	a.starts.Add(1)
 	detail := "normal"
 	if spec != "" {
 		detail = "EDGE_AGENT_FAILPOINTS=" + spec
 	}
-	a.w.record("agent_start", "start", fmt.Sprint(p.PID()), detail)
+	a.w.record("agent_start", "start", a.target(p.PID()), detail)
 	return nil
 }
 
@@ -85,7 +106,7 @@ func (a *agentSup) run() {
 		select {
 		case <-a.quit:
 			p.Stop(syscall.SIGTERM, 15*time.Second)
-			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
+			a.w.record("agent_exit", "end", a.target(p.PID()), p.Ended())
 			return
 		case c := <-a.cmds:
 			if c.during != nil {
@@ -93,7 +114,7 @@ func (a *agentSup) run() {
 				continue
 			}
 			p.Stop(c.sig, 15*time.Second)
-			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
+			a.w.record("agent_exit", "end", a.target(p.PID()), p.Ended())
 			if !a.pause(c.down) {
 				return
 			}
@@ -110,7 +131,7 @@ func (a *agentSup) run() {
 		case <-p.Done():
 			// Ended by itself: a crash point, a failed commit (fail
 			// stop), or a crash during recovery. Start it again, plain.
-			a.w.record("agent_exit", "end", fmt.Sprint(p.PID()), p.Ended())
+			a.w.record("agent_exit", "end", a.target(p.PID()), p.Ended())
 			if !a.pause(300 * time.Millisecond) {
 				return
 			}
@@ -151,7 +172,22 @@ func (a *agentSup) close() {
 // ready reports whether the agent's /readyz answers 200.
 func (a *agentSup) ready() bool {
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(a.w.adminURL + "/readyz")
+	resp, err := c.Get(a.admin + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// up reports whether the agent serves (ready), or, with -ha, runs as the
+// standby (its /healthz answers 200: a standby is alive, not ready).
+func (a *agentSup) up() bool {
+	if a.name == "" {
+		return a.ready()
+	}
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(a.admin + "/healthz")
 	if err != nil {
 		return false
 	}
@@ -166,4 +202,9 @@ func (a *agentSup) plain() bool {
 	return a.spec == "" && a.p.Running()
 }
 
-func agentConfigPath(dir string) string { return filepath.Join(dir, "agent.yaml") }
+func agentConfigPath(dir, name string) string {
+	if name == "" {
+		return filepath.Join(dir, "agent.yaml")
+	}
+	return filepath.Join(dir, "agent-"+name+".yaml")
+}

@@ -32,6 +32,7 @@ type options struct {
 	ttl          time.Duration
 	out          string
 	keep         bool
+	ha           bool   // two agents for the gateway, one active (-ha)
 	mutant       string // the agent is this mutant (mutants/NAME.patch)
 	overlay      string // go build -overlay file of the mutant's sources
 	agentBin     string // prebuilt agent (failpoints build); "": built
@@ -70,11 +71,14 @@ type campaign struct {
 	slowActive int
 	slowUntil  time.Time // the firmware may still apply a delayed write until then
 
-	invoked  atomic.Int64
-	resolved atomic.Int64
-	lostAt   atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
-	stopOp   chan struct{}
-	opDone   chan struct{}
+	invoked   atomic.Int64
+	resolved  atomic.Int64
+	takeovers atomic.Int64
+	lostAt    atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
+	stopOp    chan struct{}
+	opDone    chan struct{}
+
+	stopRegWatch func() // -ha: ends watchRegistration (nil without)
 }
 
 func (c *campaign) logf(format string, a ...any) {
@@ -123,7 +127,7 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	if o.embedded {
 		broker = "embedded"
 	}
-	c.meta = chaos.RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices}
+	c.meta = chaos.RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices, HA: o.ha}
 	logf, err := os.OpenFile(filepath.Join(dir, "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, dir, err
@@ -136,6 +140,11 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	w := &world{o: o, dir: dir, out: logf, links: newLinks(), fault: faults}
 	c.w = w
 	defer w.stopAll()
+	defer func() {
+		if c.stopRegWatch != nil {
+			c.stopRegWatch()
+		}
+	}()
 	if err := c.setup(); err != nil {
 		return nil, dir, err
 	}
@@ -144,7 +153,7 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	if err := c.writeMeta(); err != nil {
 		return nil, dir, err
 	}
-	sched := schedule(o.seed, o.duration, o.controllers, o.devices, o.ttl, o.embedded)
+	sched := schedule(o.seed, o.duration, o.controllers, o.devices, o.ttl, o.embedded, o.ha)
 	c.logf("seed %d: %d faults scheduled over %v; history in %s", o.seed, len(sched), o.duration, dir)
 	go c.operator()
 	progressDone := make(chan struct{})
@@ -179,7 +188,9 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	c.meta.Settled = time.Now().UnixNano()
 	close(watchDone)
 	<-floorsDone
-	w.agent.close()
+	for _, a := range w.agents {
+		a.close()
+	}
 	c.obs.close()
 	w.stopAll()
 	faults.Close()
@@ -242,25 +253,50 @@ func (c *campaign) setup() error {
 		return err
 	}
 	w.fwProxy = fwp
-	admin, err := rig.FreeAddr()
-	if err != nil {
-		return err
+	names := []string{""}
+	if o.ha {
+		names = []string{"a", "b"}
+		if err := c.watchRegistration(); err != nil {
+			return err
+		}
 	}
-	w.adminURL = "http://" + admin
-	cfg := agentConfigPath(w.dir)
-	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, w.dataDir())), 0o644); err != nil {
-		return err
+	for i, name := range names {
+		admin, err := rig.FreeAddr()
+		if err != nil {
+			return err
+		}
+		data := filepath.Join(w.dir, "agent-data")
+		var eps []string // nil: each etcd member directly
+		if name != "" {
+			data += "-" + name
+			// Each of the pair reaches etcd through links of its own,
+			// so either can be partitioned from it (ha_partition).
+			for k, m := range w.etcd {
+				addr, err := w.links.add(fmt.Sprintf("agent-%s-etcd-%d", name, k), strings.TrimPrefix(m.client, "http://"))
+				if err != nil {
+					return err
+				}
+				eps = append(eps, "http://"+addr)
+			}
+		}
+		cfg := agentConfigPath(w.dir, name)
+		if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, data, eps)), 0o644); err != nil {
+			return err
+		}
+		a := newAgentSup(w, name, "http://"+admin, data, cfg, o.seed+uint64(i)*1000)
+		w.agents = append(w.agents, a)
+		if err := a.start(""); err != nil {
+			return err
+		}
+		a.running.Store(true) // before the goroutine: close must wait for it
+		go a.run()
+		// The first serves; the second of a pair waits as its standby.
+		if !rig.WaitFor(30*time.Second, map[bool]func() bool{true: a.ready, false: a.up}[i == 0]) {
+			return fmt.Errorf("edge-agent %s not ready on %s within 30s (%s); see %s", name, admin, a.proc().Ended(), filepath.Join(w.dir, "procs.log"))
+		}
 	}
-	w.agent = newAgentSup(w, cfg, o.seed)
-	if err := w.agent.start(""); err != nil {
-		return err
-	}
-	w.agent.running.Store(true) // before the goroutine: close must wait for it
-	go w.agent.run()
-	if !rig.WaitFor(30*time.Second, w.agent.ready) {
-		return fmt.Errorf("edge-agent not ready on %s within 30s (%s); see %s", admin, w.agent.proc().Ended(), filepath.Join(w.dir, "procs.log"))
-	}
-	if _, err := w.takeBackup(); err != nil {
+	w.agent = w.agents[0]
+	if _, err := w.takeBackup(w.agent); err != nil {
 		return err
 	}
 	obsLog, err := chaos.OpenLines(filepath.Join(w.dir, "observer.jsonl"))
@@ -383,8 +419,7 @@ func (c *campaign) resolve(dev, op string) {
 		}
 		body = fmt.Sprintf(`{"applied":true,"state":%s}`, bytes.TrimSpace(st))
 	}
-	hc := http.Client{Timeout: 3 * time.Second}
-	resp, err := hc.Post(c.w.adminURL+"/v1/devices/"+dev+"/ops/"+op+"/resolve", "application/json", strings.NewReader(body))
+	resp, err := c.w.adminDo(http.MethodPost, "/v1/devices/"+dev+"/ops/"+op+"/resolve", body, 3*time.Second)
 	if err != nil {
 		return
 	}
@@ -418,8 +453,17 @@ func (c *campaign) progress(done <-chan struct{}) {
 			total += v
 		}
 		c.injMu.Unlock()
+		starts := int64(0)
+		for _, a := range c.w.agents {
+			starts += a.starts.Load()
+		}
+		if c.o.ha {
+			c.logf("commands %d, final %d, results %d, faults %d, agent starts %d, takeovers %d, resolved by the operator %d",
+				n, final, results, total, starts, c.takeovers.Load(), c.resolved.Load())
+			continue
+		}
 		c.logf("commands %d, final %d, results %d, faults %d, agent starts %d, resolved by the operator %d",
-			n, final, results, total, c.w.agent.starts.Load(), c.resolved.Load())
+			n, final, results, total, starts, c.resolved.Load())
 	}
 }
 
@@ -476,8 +520,10 @@ func (c *campaign) settle() {
 			_ = w.runEtcd(m, w.etcdInitial(), "existing")
 		}
 	}
-	if !w.agent.plain() {
-		w.agent.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: "settle"})
+	for _, a := range w.agents {
+		if !a.plain() {
+			a.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: "settle"})
+		}
 	}
 	c.logf("stopping the controllers (each finishes the operation in hand)")
 	var wg sync.WaitGroup

@@ -101,6 +101,34 @@ func TestCampaignShortRun(t *testing.T) {
 	t.Logf("%s", testkit.Tail(out, 3000))
 }
 
+// A short fixed-seed campaign of the standby pair (make test; make chaos
+// HA=1): two agents, kills, pauses and etcd partitions of either among the
+// other faults, at least one takeover, and no violation.
+func TestCampaignHAShortRun(t *testing.T) {
+	needs(t)
+	agent := testkit.Build(t, "../edge-agent", "failpoints")
+	fw := testkit.Build(t, "../../firmware-sim")
+	dir := filepath.Join(t.TempDir(), "history")
+	out, code := runBin(t, ".", 4*time.Minute, "run", "-ha", "-seed", "5", "-duration", "45s", "-settle", "45s",
+		"-agent", agent, "-firmware", fw, "-out", dir, "-porcupine-timeout", "30s")
+	if code != 0 || !regexp.MustCompile(`(?m)^violations: 0$`).MatchString(out) {
+		v, _ := os.ReadFile(filepath.Join(dir, "violations.txt"))
+		t.Fatalf("edge-chaos -ha exit %d:\n%s\n%s", code, testkit.Tail(out, 8000), testkit.Tail(string(v), 8000))
+	}
+	if n := count(t, out, "takeovers (the other agent became active)"); n == 0 {
+		t.Errorf("no takeover in the pair")
+	}
+	for _, k := range []string{fHAKill, fHAPause, fHAPartition} {
+		if count(t, out, k) == 0 {
+			t.Errorf("fault %s was not injected", k)
+		}
+	}
+	if n := count(t, out, "commands (operations invoked)"); n < 300 {
+		t.Errorf("only %d commands in 45s", n)
+	}
+	t.Logf("%s", testkit.Tail(out, 3000))
+}
+
 // make chaos-mutants, as a test (CHAOS_MUTANTS=1 make test): every mutant
 // agent (cmd/edge-chaos/mutants/) is caught by a fixed-seed campaign.
 func TestMutantsAreCaught(t *testing.T) {
@@ -108,8 +136,8 @@ func TestMutantsAreCaught(t *testing.T) {
 		t.Skip("set CHAOS_MUTANTS=1 to build every mutant agent and run the campaign against each (about 15 minutes)")
 	}
 	needs(t)
-	out, code := runBin(t, "../..", 40*time.Minute, "mutants", "-seed", "1", "-duration", "60s", "-settle", "30s")
-	if code != 0 || !regexp.MustCompile(`(?m)^caught 7/7$`).MatchString(out) {
+	out, code := runBin(t, "../..", 45*time.Minute, "mutants", "-seed", "1", "-duration", "60s", "-settle", "30s")
+	if code != 0 || !regexp.MustCompile(`(?m)^caught 8/8$`).MatchString(out) {
 		t.Fatalf("edge-chaos mutants exit %d:\n%s", code, out)
 	}
 	t.Logf("%s", out)

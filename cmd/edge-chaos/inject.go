@@ -15,6 +15,10 @@ func (c *campaign) inject(f fault) {
 	w := c.w
 	c.count(f.Kind)
 	target := f.Device
+	agent := c.agentFor(f) // the agent, or one of the pair (-ha)
+	if c.o.ha && agentKinds[f.Kind] {
+		target = agent.name + " (" + f.Agent + ")"
+	}
 	end := func(detail string) { w.record(f.Kind, "end", target, detail) }
 	start := func(detail string) { w.record(f.Kind, "start", target, detail) }
 	switch f.Kind {
@@ -62,14 +66,17 @@ func (c *campaign) inject(f fault) {
 		end("replaced by " + w.ctl(f.Slot).id)
 	case fAgentKill:
 		start(f.String())
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind})
+		agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind})
 	case fAgentTerm:
 		start(f.String())
-		w.agent.restart(agentCmd{sig: syscall.SIGTERM, down: f.For, kind: f.Kind})
+		agent.restart(agentCmd{sig: syscall.SIGTERM, down: f.For, kind: f.Kind})
 	case fAgentCrashPoint:
 		target = f.Mode
+		if c.o.ha {
+			target = agent.name + " " + f.Mode
+		}
 		start(f.String())
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, spec: fmt.Sprintf("%s=crash@%d", f.Mode, f.N), kind: f.Kind})
+		agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, spec: fmt.Sprintf("%s=crash@%d", f.Mode, f.N), kind: f.Kind})
 	case fAgentSlowFsync:
 		start(f.String())
 		// A disk that is slow, then the power goes: SIGKILL while
@@ -80,19 +87,19 @@ func (c *campaign) inject(f fault) {
 		spec := fmt.Sprintf("commit=sleep(%dms)%%%.2f", f.N, f.Rate)
 		for i := 0; i < 3; i++ {
 			up := make(chan struct{})
-			w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind, up: up})
+			agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: spec, kind: f.Kind, up: up})
 			select {
 			case <-up:
-				rig.WaitFor(10*time.Second, w.agent.ready)
+				rig.WaitFor(10*time.Second, agent.up)
 			case <-time.After(20 * time.Second):
 			}
 			time.Sleep(f.For / 3)
 		}
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, kind: f.Kind})
+		agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, kind: f.Kind})
 		end("")
 	case fAgentFailFsync:
 		start(f.String())
-		w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: fmt.Sprintf("commit=error@%d", f.N), kind: f.Kind})
+		agent.restart(agentCmd{sig: syscall.SIGKILL, down: 300 * time.Millisecond, spec: fmt.Sprintf("commit=error@%d", f.N), kind: f.Kind})
 	case fBrokerRestart:
 		start(f.String())
 		w.mosqMu.Lock()
@@ -181,6 +188,8 @@ func (c *campaign) inject(f fault) {
 		c.restore(f)
 	case fAgentClone:
 		c.clone(f)
+	case fHAKill, fHAPause, fHAPartition:
+		c.injectHA(f)
 	case fFwKill:
 		start(f.String())
 		w.firmwareProc().Kill()

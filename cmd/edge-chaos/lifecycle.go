@@ -31,27 +31,30 @@ import (
 // a SIGKILL waits up to this (and a second) for its old registration to go.
 const sessionTTL = 3 * time.Second
 
-// backup is one online backup of the agent's store, taken during the run.
+// backup is one online backup of an agent's store, taken during the run.
 type backup struct {
-	path string
-	at   time.Time
+	path  string
+	at    time.Time
+	agent *agentSup
 }
 
-func (w *world) dataDir() string { return filepath.Join(w.dir, "agent-data") }
-
-// takeBackup takes an online backup through the admin API (edge-agent
-// backup --admin, GET /v1/backup) into dir/backups.
-func (w *world) takeBackup() (backup, error) {
+// takeBackup takes an online backup of a's store through its admin API
+// (edge-agent backup --admin, GET /v1/backup) into dir/backups.
+func (w *world) takeBackup(a *agentSup) (backup, error) {
 	w.bakMu.Lock()
 	n := len(w.backups)
 	w.bakMu.Unlock()
-	b := backup{path: filepath.Join(w.dir, "backups", fmt.Sprintf("agent-%03d.db", n)), at: time.Now()}
+	name := fmt.Sprintf("agent-%03d.db", n)
+	if a.name != "" {
+		name = fmt.Sprintf("agent-%s-%03d.db", a.name, n)
+	}
+	b := backup{path: filepath.Join(w.dir, "backups", name), at: time.Now(), agent: a}
 	if err := os.MkdirAll(filepath.Dir(b.path), 0o755); err != nil {
 		return b, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, w.o.agentBin, "backup", "--admin", w.adminURL, "--out", b.path).CombinedOutput()
+	out, err := exec.CommandContext(ctx, w.o.agentBin, "backup", "--admin", a.admin, "--out", b.path).CombinedOutput()
 	if err != nil {
 		return b, fmt.Errorf("edge-agent backup --admin: %v: %s", err, strings.TrimSpace(string(out)))
 	}
@@ -62,8 +65,8 @@ func (w *world) takeBackup() (backup, error) {
 	return b, nil
 }
 
-// backupLoop takes a backup every 10 s while the agent is ready, until
-// stop is closed.
+// backupLoop takes a backup every 10 s of the agent that is ready (-ha:
+// the active one), until stop is closed.
 func (c *campaign) backupLoop(stop <-chan struct{}) {
 	t := time.NewTicker(10 * time.Second)
 	defer t.Stop()
@@ -73,22 +76,24 @@ func (c *campaign) backupLoop(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		if c.w.agent.ready() {
-			if _, err := c.w.takeBackup(); err != nil {
-				c.w.record("agent_backup", "error", "", err.Error())
+		for _, a := range c.w.agents {
+			if a.ready() {
+				if _, err := c.w.takeBackup(a); err != nil {
+					c.w.record("agent_backup", "error", a.name, err.Error())
+				}
 			}
 		}
 	}
 }
 
-// olderBackup picks one of the backups taken at least 5 s ago (n chooses
+// olderBackup picks one of a's backups taken at least 5 s ago (n chooses
 // which), false when there is none.
-func (w *world) olderBackup(n int) (backup, bool) {
+func (w *world) olderBackup(a *agentSup, n int) (backup, bool) {
 	w.bakMu.Lock()
 	defer w.bakMu.Unlock()
 	var old []backup
 	for _, b := range w.backups {
-		if time.Since(b.at) >= 5*time.Second {
+		if b.agent == a && time.Since(b.at) >= 5*time.Second {
 			old = append(old, b)
 		}
 	}
@@ -104,11 +109,11 @@ func (w *world) olderBackup(n int) (backup, bool) {
 // not yet answered (its inbox and its outbox, read from its store). With
 // the embedded broker, whose queues live in the data directory too, no
 // list: every operation not final by then may be lost.
-func (c *campaign) memoryLost(how string) {
+func (c *campaign) memoryLost(a *agentSup, how string) {
 	c.lostAt.Store(time.Now().UnixNano())
 	detail := ""
 	if !c.o.embedded {
-		ops, err := unanswered(filepath.Join(c.w.dataDir(), "agent.db"))
+		ops, err := unanswered(filepath.Join(a.data, "agent.db"))
 		if err != nil {
 			detail = "unreadable: " + err.Error()
 		} else {
@@ -145,56 +150,59 @@ func unanswered(path string) ([]string, error) {
 // starts it again on an empty one (a new disk).
 func (c *campaign) wipe(f fault) {
 	w := c.w
-	w.record(f.Kind, "start", "", f.String())
+	a := c.agentFor(f)
+	w.record(f.Kind, "start", a.name, f.String())
 	up := make(chan struct{})
-	w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind, up: up, prepare: func() {
-		c.memoryLost("wipe")
-		if err := os.RemoveAll(w.dataDir()); err != nil {
-			w.record(f.Kind, "error", "", err.Error())
+	a.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind, up: up, prepare: func() {
+		c.memoryLost(a, "wipe")
+		if err := os.RemoveAll(a.data); err != nil {
+			w.record(f.Kind, "error", a.name, err.Error())
 		}
 	}})
-	c.waitUp(f, up)
+	c.waitUp(f, a, up)
 }
 
 // restore stops the agent with SIGKILL and puts an older online backup in
 // place of its store.
 func (c *campaign) restore(f fault) {
 	w := c.w
-	b, ok := w.olderBackup(f.N)
+	a := c.agentFor(f)
+	b, ok := w.olderBackup(a, f.N)
 	if !ok {
-		w.record(f.Kind, "start", "", f.String())
-		w.record(f.Kind, "end", "", "not done: no backup 5s old yet")
+		w.record(f.Kind, "start", a.name, f.String())
+		w.record(f.Kind, "end", a.name, "not done: no backup 5s old yet")
 		return
 	}
 	w.record(f.Kind, "start", filepath.Base(b.path), fmt.Sprintf("%s, backup taken %.1fs ago", f, time.Since(b.at).Seconds()))
 	up := make(chan struct{})
-	w.agent.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind, up: up, prepare: func() {
-		c.memoryLost("restore")
-		err := os.RemoveAll(w.dataDir())
+	a.restart(agentCmd{sig: syscall.SIGKILL, down: f.For, kind: f.Kind, up: up, prepare: func() {
+		c.memoryLost(a, "restore")
+		err := os.RemoveAll(a.data)
 		if err == nil {
-			err = os.MkdirAll(w.dataDir(), 0o750)
+			err = os.MkdirAll(a.data, 0o750)
 		}
 		if err == nil {
-			err = copyFile(b.path, filepath.Join(w.dataDir(), "agent.db"))
+			err = copyFile(b.path, filepath.Join(a.data, "agent.db"))
 		}
 		if err != nil {
-			w.record(f.Kind, "error", "", err.Error())
+			w.record(f.Kind, "error", a.name, err.Error())
 		}
 	}})
-	c.waitUp(f, up)
+	c.waitUp(f, a, up)
 }
 
-// waitUp waits for the restarted agent to be ready and records the end.
-func (c *campaign) waitUp(f fault, up chan struct{}) {
+// waitUp waits for the restarted agent to be ready (-ha: up, as the
+// active or the standby) and records the end.
+func (c *campaign) waitUp(f fault, a *agentSup, up chan struct{}) {
 	select {
 	case <-up:
 	case <-time.After(30 * time.Second):
-		c.w.record(f.Kind, "end", "", "the agent did not start within 30s")
+		c.w.record(f.Kind, "end", a.name, "the agent did not start within 30s")
 		return
 	}
 	t0 := time.Now()
-	ready := rig.WaitFor(30*time.Second, c.w.agent.ready)
-	c.w.record(f.Kind, "end", "", fmt.Sprintf("ready %v after %.1fs", ready, time.Since(t0).Seconds()))
+	ready := rig.WaitFor(30*time.Second, a.up)
+	c.w.record(f.Kind, "end", a.name, fmt.Sprintf("ready %v after %.1fs", ready, time.Since(t0).Seconds()))
 }
 
 func copyFile(from, to string) error {
@@ -265,7 +273,7 @@ func (c *campaign) runClone(f fault, real *rig.Proc) string {
 	if err := os.MkdirAll(data, 0o750); err != nil {
 		return "not started: " + err.Error()
 	}
-	if b, ok := w.olderBackup(0); ok {
+	if b, ok := w.olderBackup(w.agent, 0); ok {
 		if err := copyFile(b.path, filepath.Join(data, "agent.db")); err != nil {
 			return "not started: " + err.Error()
 		}
@@ -275,7 +283,7 @@ func (c *campaign) runClone(f fault, real *rig.Proc) string {
 		return "not started: " + err.Error()
 	}
 	cfg := filepath.Join(dir, "agent.yaml")
-	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, data)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, data, nil)), 0o644); err != nil {
 		return "not started: " + err.Error()
 	}
 	var log bytes.Buffer // read once the clone ended
@@ -307,7 +315,10 @@ func (c *campaign) runClone(f fault, real *rig.Proc) string {
 
 // floorWatch records every fence floor the agent reports
 // (GET /v1/devices/{dev} fence_floor) as it changes, with the last time
-// the old value was seen: the floor was taken between the two.
+// the old value was seen: the floor was taken between the two. With -ha,
+// each agent's, as it serves (a standby does not answer): its floors
+// raise the device's last_fence in the checker's model as the single
+// agent's do.
 func (c *campaign) floorWatch(stop <-chan struct{}) {
 	w := c.w
 	last := map[string]int64{}
@@ -315,18 +326,21 @@ func (c *campaign) floorWatch(stop <-chan struct{}) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
-		for _, d := range c.o.devices {
-			info, ok := w.device(d.ID)
-			floor := info.FenceFloor
-			now := time.Now().UnixNano()
-			if !ok {
-				continue
+		for _, a := range w.agents {
+			for _, d := range c.o.devices {
+				info, ok := a.device(d.ID)
+				floor := info.FenceFloor
+				now := time.Now().UnixNano()
+				if !ok {
+					continue
+				}
+				k := a.name + "/" + d.ID
+				if floor != last[k] {
+					w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[k]))
+					last[k] = floor
+				}
+				seen[k] = now
 			}
-			if floor != last[d.ID] {
-				w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[d.ID]))
-				last[d.ID] = floor
-			}
-			seen[d.ID] = now
 		}
 		select {
 		case <-stop:
@@ -340,8 +354,7 @@ func (c *campaign) floorWatch(stop <-chan struct{}) {
 // /v1/ops?status=unknown) as "dev/op" (empty when it cannot be asked).
 func (w *world) heldUnknown() map[string]bool {
 	out := map[string]bool{}
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(w.adminURL + "/v1/ops?status=unknown")
+	resp, err := w.adminDo(http.MethodGet, "/v1/ops?status=unknown", "", time.Second)
 	if err != nil {
 		return out
 	}

@@ -10,7 +10,7 @@
 // asked; and then checks the recorded history: a porcupine model per
 // device and direct checks against the firmware's journal.
 //
-//	edge-chaos [run] [-seed N] [-duration D] [-broker mosquitto|embedded] [-controllers N] [-out DIR] [-keep]
+//	edge-chaos [run] [-seed N] [-duration D] [-broker mosquitto|embedded] [-ha] [-controllers N] [-out DIR] [-keep]
 //	edge-chaos check DIR        check a recorded history again
 //	edge-chaos mutants [-seed N] [-duration D] [-only NAME,...]   build each mutant agent (mutants/*.patch) and show the campaign catches it
 //
@@ -57,6 +57,7 @@ func campaignFlags(fs *flag.FlagSet, o *options) func() error {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the fault schedule and the controllers' choices")
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long faults are injected (then the run settles and is checked)")
 	broker := fs.String("broker", "mosquitto", "mosquitto (with persistence, through toxiproxy) or embedded (the agent's own broker)")
+	fs.BoolVar(&o.ha, "ha", false, "run a standby pair: two agents with one gateway_id and ha.enabled, and faults of either (kills, pauses, partitions from etcd)")
 	fs.IntVar(&o.controllers, "controllers", 8, "controller processes (even slots resend eagerly, odd ones wait)")
 	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "the controllers' lock lease TTL")
 	fs.StringVar(&o.out, "out", "", "directory for the history (default: a new temporary directory)")
@@ -74,6 +75,9 @@ func campaignFlags(fs *flag.FlagSet, o *options) func() error {
 			o.embedded = true
 		default:
 			return fmt.Errorf("-broker %q: want mosquitto or embedded", *broker)
+		}
+		if o.ha && o.embedded {
+			return errors.New("-ha needs -broker mosquitto (the pair shares one broker; an embedded one lives in one agent)")
 		}
 		if o.controllers < 1 || o.controllers > 64 {
 			return fmt.Errorf("-controllers %d: want 1..64", o.controllers)

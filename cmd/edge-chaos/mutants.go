@@ -37,6 +37,10 @@ type mutant struct {
 	patch []byte
 }
 
+// ha reports whether the mutant's bug is the pair's (its name begins with
+// ha_): it is run with the standby pair's campaign (-ha).
+func (m mutant) ha() bool { return strings.HasPrefix(m.name, "ha_") }
+
 // mutants lists every mutant, by name.
 func mutants() []mutant {
 	entries, err := mutantPatches.ReadDir("mutants")
@@ -116,7 +120,8 @@ func (m mutant) overlay(root, dir string) (string, []string, error) {
 }
 
 // mutantsCmd builds the agent with each mutant and runs the campaign
-// against it with a fixed seed: each must end with violations. It prints a
+// against it with a fixed seed (a mutant of the pair, ha_*, with -ha):
+// each must end with violations. It prints a
 // line per mutant and `caught K/N`; exit 0 only when every mutant was
 // caught.
 func mutantsCmd(args []string) int {
@@ -161,6 +166,7 @@ func mutantsCmd(args []string) int {
 	for _, m := range ms {
 		mo := o
 		mo.mutant, mo.out = m.name, filepath.Join(base, m.name)
+		mo.ha = o.ha || m.ha()
 		logPath := filepath.Join(base, m.name+".log")
 		if err := os.MkdirAll(filepath.Join(base, m.name+"-src"), 0o755); err != nil {
 			fmt.Fprintf(os.Stderr, "edge-chaos: %v\n", err)
@@ -178,7 +184,11 @@ func mutantsCmd(args []string) int {
 			return 3
 		}
 		mo.log = lf
-		fmt.Printf("%-16s running (%s; seed %d, %v of faults; progress in %s)\n", m.name, m.what, o.seed, o.duration, logPath)
+		pair := ""
+		if mo.ha {
+			pair = ", the standby pair"
+		}
+		fmt.Printf("%-16s running (%s; seed %d, %v of faults%s; progress in %s)\n", m.name, m.what, o.seed, o.duration, pair, logPath)
 		start := time.Now()
 		res, dir, err := runCampaign(mo)
 		took := time.Since(start).Round(time.Second)

@@ -20,12 +20,24 @@ func faultCounts(h *chaos.History) (map[string]int, map[string]int) {
 		switch {
 		case f.Kind == "agent_exit":
 			exits[f.Detail]++
-		case f.Kind == "agent_start", f.Phase != "start":
+		case f.Kind == "agent_start", f.Kind == chaos.KindMemoryLost, f.Phase != "start":
 		default:
 			kinds[f.Kind]++
 		}
 	}
 	return kinds, exits
+}
+
+// takeovers counts the pair's takeovers (-ha): the registration taken by
+// the other agent.
+func takeovers(h *chaos.History) int {
+	n := 0
+	for _, f := range h.Faults {
+		if f.Kind == chaos.KindMemoryLost && f.Target == "takeover" {
+			n++
+		}
+	}
+	return n
 }
 
 // report prints the summary table, and writes every violation with its
@@ -44,9 +56,12 @@ func report(out io.Writer, h *chaos.History, res *chaos.CheckResult, dir string)
 	fmt.Fprintf(out, "%-40s %8d\n", "results delivered", res.Results)
 	fmt.Fprintf(out, "%-40s %8d\n", "writes in the firmware journal", res.Journal)
 	kinds, exits := faultCounts(h)
+	if m.HA {
+		fmt.Fprintf(out, "%-40s %8d\n", "takeovers (the other agent became active)", takeovers(h))
+	}
 	fmt.Fprintf(out, "\nfaults                                      count\n")
 	seen := map[string]bool{}
-	for _, k := range faultKinds {
+	for _, k := range roundKinds(m.HA) {
 		if seen[k] {
 			continue
 		}

@@ -57,6 +57,7 @@ type fault struct {
 	N      int           // latency ms, the Nth hit, ...
 	Rate   float64
 	Device string // "" : every device
+	Agent  string // -ha: which of the pair a fault of the agent hits, "active" or "standby"
 }
 
 func (f fault) String() string {
@@ -76,21 +77,45 @@ func (f fault) String() string {
 	if f.For != 0 {
 		s += fmt.Sprintf(" for=%v", f.For.Round(time.Millisecond))
 	}
+	if f.Agent != "" {
+		s += " on the " + f.Agent
+	}
 	return s
+}
+
+// agentKinds are the faults of the agent: with -ha each hits the active or
+// the standby.
+var agentKinds = map[string]bool{fAgentKill: true, fAgentTerm: true, fAgentCrashPoint: true, fAgentSlowFsync: true, fAgentFailFsync: true,
+	fAgentWipe: true, fAgentRestore: true, fHAKill: true, fHAPause: true, fHAPartition: true}
+
+// roundKinds is one round's kinds: with ha, the pair's kinds instead of the
+// clone.
+func roundKinds(ha bool) []string {
+	if !ha {
+		return faultKinds
+	}
+	var out []string
+	for _, k := range faultKinds {
+		if k != fAgentClone {
+			out = append(out, k)
+		}
+	}
+	return append(out, haKinds...)
 }
 
 // schedule is the campaign's faults for a seed: the same seed gives the
 // same list (kinds, times, targets, settings). What the faults hit (which
 // command is in flight when the agent dies) depends on process
-// scheduling and is not reproducible.
-func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSpec, ttl time.Duration, embedded bool) []fault {
+// scheduling and is not reproducible. Without ha the list is the single
+// agent's as before ha was added (the same draws).
+func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSpec, ttl time.Duration, embedded, ha bool) []fault {
 	rng := rand.New(rand.NewPCG(seed, seed^0xc4a05))
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	var out []fault
 	t := ms(1500, 2500)
 	point, clones := 0, 0
 	for t < dur {
-		round := append([]string(nil), faultKinds...)
+		round := append([]string(nil), roundKinds(ha)...)
 		rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		for _, k := range round {
 			if t >= dur {
@@ -155,6 +180,22 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSp
 			case fAgentClone:
 				f.N = clones
 				clones++
+			case fHAKill:
+				f.For = ms(200, 2000)
+			case fHAPause:
+				// Shorter than session_ttl (the active wakes with its
+				// proof run out) and longer (the standby took over).
+				f.For = ms(1000, 8000)
+			case fHAPartition:
+				f.Mode = []string{"cut", "timeout"}[rng.IntN(2)]
+				f.For = ms(2000, 8000)
+			}
+			if ha && agentKinds[k] {
+				// Mostly the active: that is where a takeover comes from.
+				f.Agent = "active"
+				if rng.IntN(3) == 0 {
+					f.Agent = "standby"
+				}
 			}
 			if f.Kind == fNetFirmware && f.Mode == "" || k == fNetBroker && embedded {
 				f.Mode = []string{"latency", "cut", "reset_peer", "slow_close", "timeout"}[rng.IntN(5)]

@@ -10,17 +10,17 @@ import (
 // seed others; every kind is in every round, so a few minutes have them
 // all.
 func TestScheduleIsTheSeeds(t *testing.T) {
-	a := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false)
-	b := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false)
+	a := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false)
+	b := schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("seed 7 gave two different schedules")
 	}
-	if reflect.DeepEqual(a, schedule(8, 3*time.Minute, 8, defaultDevices, 2*time.Second, false)) {
+	if reflect.DeepEqual(a, schedule(8, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false)) {
 		t.Fatal("seeds 7 and 8 gave the same schedule")
 	}
 	for seed := uint64(1); seed <= 20; seed++ {
 		kinds := map[string]int{}
-		for _, f := range schedule(seed, 3*time.Minute, 8, defaultDevices, 2*time.Second, false) {
+		for _, f := range schedule(seed, 3*time.Minute, 8, defaultDevices, 2*time.Second, false, false) {
 			kinds[f.Kind]++
 			if f.At < 0 || f.At >= 3*time.Minute {
 				t.Fatalf("seed %d: fault %s at %v, outside the run", seed, f, f.At)
@@ -34,7 +34,7 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 	}
 	// With the embedded broker there is no mosquitto to restart and no
 	// link between the agent and its broker.
-	for _, f := range schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, true) {
+	for _, f := range schedule(7, 3*time.Minute, 8, defaultDevices, 2*time.Second, true, false) {
 		if f.Kind == fBrokerRestart || f.Kind == fNetBroker {
 			t.Fatalf("embedded: scheduled %s", f)
 		}
@@ -44,12 +44,39 @@ func TestScheduleIsTheSeeds(t *testing.T) {
 // The short run of make test (seed 7, 60s) has every kind of fault.
 func TestShortRunScheduleHasEveryKind(t *testing.T) {
 	kinds := map[string]bool{}
-	for _, f := range schedule(7, 60*time.Second, 8, defaultDevices, 2*time.Second, false) {
+	for _, f := range schedule(7, 60*time.Second, 8, defaultDevices, 2*time.Second, false, false) {
 		kinds[f.Kind] = true
 	}
 	for _, k := range faultKinds {
 		if !kinds[k] {
 			t.Errorf("seed 7, 60s: no %s", k)
+		}
+	}
+}
+
+// The pair's short run of make test (seed 5, 45s, -ha) has the pair's
+// faults, on the active and the standby, and no clone; without -ha no
+// fault names one of the pair.
+func TestHAScheduleHasThePairsFaults(t *testing.T) {
+	kinds, on := map[string]bool{}, map[string]bool{}
+	for _, f := range schedule(5, 45*time.Second, 8, defaultDevices, 2*time.Second, false, true) {
+		kinds[f.Kind] = true
+		on[f.Agent] = true
+		if f.Kind == fAgentClone {
+			t.Fatalf("-ha: scheduled %s", f)
+		}
+	}
+	for _, k := range []string{fHAKill, fHAPause, fHAPartition} {
+		if !kinds[k] {
+			t.Errorf("seed 5, 45s, -ha: no %s", k)
+		}
+	}
+	if !on["active"] || !on["standby"] {
+		t.Errorf("seed 5, 45s, -ha: faults on %v, want the active and the standby", on)
+	}
+	for _, f := range schedule(7, 60*time.Second, 8, defaultDevices, 2*time.Second, false, false) {
+		if f.Agent != "" || f.Kind == fHAKill || f.Kind == fHAPause || f.Kind == fHAPartition {
+			t.Fatalf("without -ha: scheduled %s", f)
 		}
 	}
 }

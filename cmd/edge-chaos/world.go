@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,10 +49,14 @@ type world struct {
 	fwProxy     string   // the agent's firmware URL: through toxiproxy
 	etcdProxies []string // the controllers' etcd endpoints: through toxiproxy
 
-	brokerURL      string // controllers and the observer: the broker itself
-	agentBrokerURL string // the agent: through toxiproxy (mosquitto mode)
-	adminURL       string
-	agent          *agentSup
+	brokerURL      string       // controllers and the observer: the broker itself
+	agentBrokerURL string       // the agent: through toxiproxy (mosquitto mode)
+	agent          *agentSup    // the agent (-ha: the first of the pair)
+	agents         []*agentSup  // every agent: one, or the pair (-ha)
+	asked          atomic.Int32 // the agent that answered the admin API last (-ha)
+
+	regMu      sync.Mutex
+	registered *agentSup // the agent holding the gateway's registration (-ha), nil: none seen yet
 
 	ctlMu sync.Mutex
 	ctls  []*ctlSlot
@@ -320,15 +325,21 @@ func (w *world) firmwareState(dev string) (json.RawMessage, error) {
 
 // agentConfig is the agent's configuration with its admin API on admin and
 // its store in data (a clone's differ in those two only). Its
-// coordination.etcd is the campaign's etcd, each member directly.
-func (w *world) agentConfig(admin, data string) string {
+// coordination.etcd is the campaign's etcd, each member directly, or eps
+// (-ha: each agent through toxiproxy links of its own), and with -ha the
+// pair's ha block.
+func (w *world) agentConfig(admin, data string, eps []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\n", gatewayID, data)
-	var eps []string
-	for _, m := range w.etcd {
-		eps = append(eps, m.client)
+	if eps == nil {
+		for _, m := range w.etcd {
+			eps = append(eps, m.client)
+		}
 	}
 	fmt.Fprintf(&b, "coordination:\n  etcd:\n    endpoints: [%s]\n    dial_timeout: 2s\n    session_ttl: %s\n", strings.Join(eps, ", "), sessionTTL)
+	if w.o.ha {
+		fmt.Fprintf(&b, "ha:\n  enabled: true\n  safety_margin: %s\n", haSafetyMargin)
+	}
 	if w.o.embedded {
 		fmt.Fprintf(&b, "mqtt:\n  broker: embedded\n  embedded_listen: %s\n  client_id: edge-agent-chaos\n  topic_prefix: %s\n", w.mosqAddr, prefix)
 	} else {
@@ -393,10 +404,10 @@ func (w *world) lastPaused(c *ctlSlot) (chaos.Event, bool) {
 }
 
 // device asks the agent's admin API for a device's view
-// (GET /v1/devices/{dev}: last_fence, fence_floor, ...).
+// (GET /v1/devices/{dev}: last_fence, fence_floor, ...): the serving
+// agent's (-ha: whichever of the pair answers).
 func (w *world) device(dev string) (wire.DeviceInfo, bool) {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(w.adminURL + "/v1/devices/" + dev)
+	resp, err := w.adminDo(http.MethodGet, "/v1/devices/"+dev, "", time.Second)
 	if err != nil {
 		return wire.DeviceInfo{}, false
 	}
@@ -406,6 +417,63 @@ func (w *world) device(dev string) (wire.DeviceInfo, bool) {
 		return wire.DeviceInfo{}, false
 	}
 	return d, true
+}
+
+// device is the device's view asked of this agent only.
+func (a *agentSup) device(dev string) (wire.DeviceInfo, bool) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(a.admin + "/v1/devices/" + dev)
+	if err != nil {
+		return wire.DeviceInfo{}, false
+	}
+	defer resp.Body.Close()
+	var d wire.DeviceInfo
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&d) != nil {
+		return wire.DeviceInfo{}, false
+	}
+	return d, true
+}
+
+// adminDo sends a request to the serving agent's admin API. With -ha it
+// asks the agent that answered last first, and the other when that one
+// cannot be reached or answers 503 (a standby serves only /v1/status and
+// the probes); the answer of the last one asked is returned.
+func (w *world) adminDo(method, path, body string, timeout time.Duration) (*http.Response, error) {
+	c := http.Client{Timeout: timeout}
+	first := int(w.asked.Load())
+	var resp *http.Response
+	var err error
+	for i := range w.agents {
+		k := (first + i) % len(w.agents)
+		if resp != nil {
+			resp.Body.Close()
+		}
+		var req *http.Request
+		req, err = http.NewRequest(method, w.agents[k].admin+path, strings.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err = c.Do(req)
+		if err == nil && resp.StatusCode != http.StatusServiceUnavailable {
+			w.asked.Store(int32(k))
+			return resp, nil
+		}
+	}
+	return resp, err
+}
+
+// serving is the agent holding the gateway's registration (-ha; the
+// agent itself without), nil when none was seen yet.
+func (w *world) serving() *agentSup {
+	if !w.o.ha {
+		return w.agent
+	}
+	w.regMu.Lock()
+	defer w.regMu.Unlock()
+	return w.registered
 }
 
 // build compiles the agent (with tags and, for a mutant, its go build
@@ -437,8 +505,8 @@ func (w *world) stopAll() {
 		}
 	}
 	w.ctlMu.Unlock()
-	if w.agent != nil {
-		w.agent.close()
+	for _, a := range w.agents {
+		a.close()
 	}
 	if p := w.firmwareProc(); p != nil {
 		p.Stop(syscall.SIGTERM, 5*time.Second)

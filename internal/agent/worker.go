@@ -538,7 +538,13 @@ func (w *worker) write(rt *devRT, o *store.Op) (Decision, json.RawMessage, error
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, writeTimeout(rt))
 	start := time.Now()
-	res := rt.drv.Apply(ctx, w.devWrite(o))
+	dw := w.devWrite(o)
+	if a.o.Proven != nil {
+		// A driver's retry is a write too: none once the session is
+		// not proven (a deposed active woken from a pause, §8).
+		dw.MayTry = a.proven
+	}
+	res := rt.drv.Apply(ctx, dw)
 	cancel()
 	rt.wroteNow()
 	rt.wroteWith(a.now(), res.Outcome)

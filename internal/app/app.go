@@ -222,6 +222,15 @@ func (a *App) Start(ctx context.Context) (err error) {
 		TLS:           tlsOpts,
 		Subscriptions: []string{wire.CmdFilter(cfg.MQTT.TopicPrefix, cfg.GatewayID)},
 		Handler: func(m *mqtt.Message) {
+			if !a.fm.Proven() {
+				// A deposed active (ha) woken from a pause reconnects
+				// before it stands down: what the broker delivers it
+				// then is neither taken nor acknowledged, so the broker
+				// gives it to the session's next holder, the active
+				// (docs/protocol.md §8; invariant 4).
+				a.log.Warn("ha: a command is not taken while the session is not proven alive; the broker keeps it for the active", "topic", m.Topic)
+				return
+			}
 			a.ag.Deliver(agent.Delivery{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained, Ack: m.Ack})
 		},
 		WillTopic: statusTopic, WillPayload: offline, OnlinePayload: online, OfflinePayload: offline,

@@ -140,6 +140,7 @@ type RunMeta struct {
 	Broker   string            `json:"broker"`           // mosquitto or embedded
 	Tags     string            `json:"tags"`             // the agent's build tags
 	Mutant   string            `json:"mutant,omitempty"` // the agent is this mutant (mutants/NAME.patch)
+	HA       bool              `json:"ha,omitempty"`     // a pair of agents for the gateway, one active (docs/protocol.md §8)
 	Devices  []DeviceSpec      `json:"devices"`
 	Start    int64             `json:"start"`
 	End      int64             `json:"end"` // when the faults stopped

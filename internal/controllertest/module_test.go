@@ -87,9 +87,12 @@ func readModJSON(t *testing.T, dir string) modJSON {
 // A program in a module of its own, outside this repository, imports
 // controller, controller/wire and controller/wire/jws as a user's would:
 // one replace (the SDK's path to this checkout's controller/, where a user
-// requires a released version), the SDK's go.sum as its checksums, and
-// the module proxy off, so nothing is fetched and the SDK's path is never
-// looked up. It builds and runs, and its build list holds none of what
+// requires a released version) and the SDK's go.sum as its checksums.
+// The first build may fetch, through the module proxy as the environment
+// gives it, what a fresh module cache lacks of the SDK's dependencies'
+// go.mod files (the SDK's own path is never looked up: it is replaced);
+// then, with the proxy off, it builds again and its build list is read, so
+// nothing else is needed. It runs, and its build list holds none of what
 // only the agent and the project's tools use.
 func TestSDKBuildsInAModuleOutsideTheRepository(t *testing.T) {
 	sdkDir, err := filepath.Abs("../../controller")
@@ -122,6 +125,7 @@ func TestSDKBuildsInAModuleOutsideTheRepository(t *testing.T) {
 	goIn(t, dir, nil, "mod", "init", "example.com/outside")
 	goIn(t, dir, nil, "mod", "edit", "-require", sdkModule+"@v0.0.0-00010101000000-000000000000", "-replace", sdkModule+"="+sdkDir)
 	exe := filepath.Join(t.TempDir(), "outside")
+	goIn(t, dir, []string{"GOFLAGS=-mod=mod"}, "build", "-o", exe, ".")
 	goIn(t, dir, offline, "build", "-o", exe, ".")
 
 	m := readModJSON(t, dir)
@@ -133,7 +137,7 @@ func TestSDKBuildsInAModuleOutsideTheRepository(t *testing.T) {
 		t.Fatalf("the outside program: %v\n%s", err, out)
 	}
 
-	all := goIn(t, dir, []string{"GOPROXY=off"}, "list", "-m", "all")
+	all := goIn(t, dir, nil, "list", "-m", "all")
 	for _, f := range []string{
 		"github.com/Shopify/toxiproxy", "github.com/anishathalye/porcupine", "github.com/chromedp/",
 		"github.com/google/pprof", "github.com/rs/zerolog", "github.com/mochi-mqtt/",

@@ -52,6 +52,12 @@ type Write struct {
 	// (kept in the op's pending record); nil for drivers that do not
 	// read back.
 	Before json.RawMessage
+	// MayTry, when set, is asked before each retry of the write: false
+	// ends it without another try (the caller checked before the first).
+	// The agent of an ha pair sets it to its write gate, so a deposed
+	// active, woken from a pause, does not send a retry after its session
+	// is gone (docs/protocol.md §8).
+	MayTry func() bool
 }
 
 // WriteResult is the outcome of one write.

@@ -269,7 +269,16 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 	req.Header.Set("Idempotency-Key", w.Key)
 	req.Header.Set("X-Fence-Token", strconv.FormatInt(w.Fence, 10))
 
-	resp, err := h.retrying(d, tl.check).Do(req)
+	rc := h.retrying(d, tl.check)
+	if w.MayTry != nil {
+		rc.PrepareRetry = func(*http.Request) error {
+			if !w.MayTry() {
+				return errNoMoreTries
+			}
+			return nil
+		}
+	}
+	resp, err := rc.Do(req)
 	res := WriteResult{Tries: tl.tries}
 	if resp != nil {
 		defer resp.Body.Close()
@@ -311,6 +320,9 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 	if res.Tries > 1 && res.Outcome != Applied {
 		res.Reason = fmt.Sprintf("%s (%d tries)", res.Reason, res.Tries)
 	}
+	if errors.Is(err, errNoMoreTries) {
+		res.Reason += "; " + errNoMoreTries.Error()
+	}
 	if res.Outcome == Unknown {
 		h.log.Warn("device write outcome unknown", tl.with("reason", res.Reason, "tries", res.Tries)...)
 	} else if h.log.Enabled(ctx, slog.LevelDebug) {
@@ -318,6 +330,9 @@ func (h *HTTP) Apply(ctx context.Context, w Write) WriteResult {
 	}
 	return res
 }
+
+// errNoMoreTries ends a write whose Write.MayTry said no before a retry.
+var errNoMoreTries = errors.New("no further try: the write may no longer be sent (Write.MayTry)")
 
 // answerState reads the state of an apply answer ({"applied":true,
 // "state":{...}}): with the project's scanner when it can be sure, else

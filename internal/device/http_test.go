@@ -448,3 +448,28 @@ func TestNoHiddenResend(t *testing.T) {
 		t.Fatalf("Requests = %d: the request was resent behind the driver's back", got)
 	}
 }
+
+// A write whose MayTry says no is not tried again (docs/protocol.md §8: a
+// deposed active, woken from a pause between a try and its retry, sends
+// no retry after its session is gone; the HA chaos campaign found one
+// landing in the firmware's journal after the takeover).
+func TestMayTryStopsRetries(t *testing.T) {
+	s := sim.StartForTest(t, simDevices)
+	setFaults(t, s, sim.Faults{Device: "pump-7", ErrorRate: 1})
+	d := driverFor(t, s.URL(), device.HTTPDevice{Retries: 2, Idempotent: true})
+	asked := 0
+	w := write("k", `{"rpm":1200}`)
+	w.MayTry = func() bool { asked++; return false }
+	res := d.Apply(t.Context(), w)
+	wantResult(t, res, device.Unknown, 1, "no further try")
+	if got := s.Requests("pump-7", "k"); got != 1 || asked != 1 {
+		t.Fatalf("Requests = %d, MayTry asked %d times; want 1, 1", got, asked)
+	}
+	// Allowed: every retry is made (the control).
+	w = write("k2", `{"rpm":1200}`)
+	w.MayTry = func() bool { return true }
+	wantResult(t, d.Apply(t.Context(), w), device.Unknown, 3, "HTTP 503")
+	if got := s.Requests("pump-7", "k2"); got != 3 {
+		t.Fatalf("Requests = %d, want 3", got)
+	}
+}

@@ -102,14 +102,18 @@ type Memory struct {
 	failed   chan struct{}
 	failOnce sync.Once
 
-	// With HA (ha.go): whether this agent is active, the active's host
-	// while it is standby, the send time of the last confirmed keepalive,
-	// and whether the registration was waited for (a takeover).
+	// The session's proof (ha.go): whether this agent is active (without
+	// ha: checked in, its session proven), the active's host while it is
+	// standby (ha), the send time of the last confirmed keepalive, and
+	// whether the registration was waited for (a takeover, ha).
 	active     bool
 	activeHost string
 	lastSent   time.Time
 	waited     bool
 	onRole     func(active bool)
+	// everActive: the gateway checked in once (without ha, Proven is true
+	// before that).
+	everActive bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -148,6 +152,14 @@ func New(o Options) *Memory {
 	if o.Retry == 0 {
 		o.Retry = time.Second
 	}
+	if o.Etcd != nil && !o.HA {
+		// Without ha the session is proven the same way (lapse), with at
+		// most a third of session_ttl as the margin: ha.safety_margin's
+		// default (2s) is above that for a short session_ttl.
+		if third := o.Etcd.SessionTTL.D() / 3; o.SafetyMargin <= 0 || o.SafetyMargin > third {
+			o.SafetyMargin = third
+		}
+	}
 	m := &Memory{o: o, log: o.Logger, confirmed: map[string]*atomic.Bool{}, failed: make(chan struct{}), state: "off"}
 	for _, d := range o.Devices {
 		m.confirmed[d] = &atomic.Bool{}
@@ -160,9 +172,14 @@ func New(o Options) *Memory {
 // taken, or nothing gave cause for doubt): the worker's check before
 // stale_fence (docs/protocol.md §1). A device that is not configured is
 // not this package's concern.
+//
+// With coordination it is also false once the session cannot be proven
+// alive (Proven): another agent may register as this gateway when it
+// expires (a copy of the running gateway, invariant 7), so this one
+// confirms nothing until its check-in succeeds again (lapse).
 func (m *Memory) Confirmed(dev string) bool {
 	if c := m.confirmed[dev]; c != nil {
-		return c.Load()
+		return c.Load() && m.Proven()
 	}
 	return true
 }
@@ -214,6 +231,10 @@ func (m *Memory) Status() Status {
 	m.mu.Unlock()
 	if m.o.Etcd == nil {
 		return Status{State: "off"}
+	}
+	if s.State == "connected" && !m.Proven() {
+		// Between the proof's lapse and the next keep-alive tick.
+		s.State, s.Reason = "unreachable", "the etcd session could not be proven alive"
 	}
 	id := m.identity()
 	s.StoreID, s.Epoch = id.StoreID, id.Epoch
@@ -277,8 +298,6 @@ func (m *Memory) Start(ctx context.Context) error {
 	err = m.checkIn(ctx)
 	switch {
 	case err == nil:
-		m.wg.Add(1)
-		go m.watch()
 		return nil
 	case errors.Is(err, ErrClone), errors.Is(err, ErrClaimed):
 		m.Close()
@@ -442,8 +461,9 @@ func (m *Memory) checkIn(ctx context.Context) error {
 	m.sess = sess
 	m.mu.Unlock()
 	sent := time.Now()
-	if m.o.HA {
-		// The grant may be long past (a standby waits under it): the
+	{
+		// The grant may be long past (a standby waits under it, and any
+		// agent waits here for the keys of its own ended session): the
 		// session is proven from a keepalive sent now.
 		kctx, cancel := context.WithTimeout(ctx, e.DialTimeout.D())
 		_, err := m.cli.KeepAliveOnce(kctx, sess.Lease())
@@ -466,9 +486,7 @@ func (m *Memory) checkIn(ctx context.Context) error {
 		return err
 	}
 	m.setState("connected", "")
-	if m.o.HA {
-		m.becomeActive(sess, sent)
-	}
+	m.becomeActive(sess, sent)
 	return nil
 }
 
@@ -767,8 +785,6 @@ func (m *Memory) retry() {
 		case err == nil:
 			id := m.identity()
 			m.log.Info("coordination: etcd reached; fence memory confirmed", "store_id", id.StoreID, "epoch", id.Epoch)
-			m.wg.Add(1)
-			go m.watch()
 			return
 		case errors.Is(err, ErrClone), errors.Is(err, ErrClaimed):
 			m.fail(err)
@@ -778,30 +794,6 @@ func (m *Memory) retry() {
 		}
 		m.unreachable(err)
 	}
-}
-
-// watch follows the session. When it ends (etcd away longer than
-// session_ttl), the devices stay confirmed (the store still remembers
-// everything it accepted) and the check-in is done again once etcd is
-// back: whatever happened meanwhile (another agent as this gateway, a
-// device fronted elsewhere) shows as a doubt, and its floor is taken.
-func (m *Memory) watch() {
-	defer m.wg.Done()
-	m.mu.Lock()
-	sess := m.sess
-	m.mu.Unlock()
-	select {
-	case <-m.ctx.Done():
-		return
-	case <-sess.Done():
-	}
-	if m.ctx.Err() != nil || m.o.HA {
-		return // closing; with ha, prove stands down
-	}
-	m.setState("unreachable", "the etcd session ended (etcd unreachable longer than session_ttl)")
-	m.log.Warn("coordination: the etcd session ended; confirmed devices keep working, the check-in is repeated when etcd is back")
-	m.wg.Add(1)
-	go m.retry()
 }
 
 // Close ends the session (its keys go at once) and the client.

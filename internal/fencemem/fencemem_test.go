@@ -258,17 +258,15 @@ func TestCheckInRetriedAfterRegistering(t *testing.T) {
 	}
 }
 
-// Invariants 1 and 7 under a partition: an agent cut off from etcd for
-// longer than session_ttl keeps its devices confirmed (watch: "confirmed
-// devices keep working"), so once its registration has expired a clone
-// of the running gateway (a VM snapshot: same store id, same epoch as
-// etcd's, so no doubt and no floor) registers, checks in and is confirmed
-// too. Both then serve the same gateway's commands (one MQTT client ID:
-// the broker hands the session back and forth), each against its own
-// last_fence, so a fence one has fenced off can still pass the other.
-// Two agents must never both be confirmed for a device.
+// Invariants 1 and 7 under a partition: an agent cut off from etcd stops
+// confirming its devices before its lease can expire (lapse: its own
+// keep-alives unanswered for session_ttl - margin), so once its
+// registration has expired a clone of the running gateway (a VM snapshot:
+// same store id, same epoch as etcd's, so no doubt and no floor) can
+// register and be confirmed without two agents ever both being confirmed
+// for a device. When the partition heals, the cut-off agent finds the
+// clone's registration and fails (the process exits 1).
 func TestPartitionedAgentIsNotConfirmedAlongsideAClone(t *testing.T) {
-	t.Skip("needs a design decision (docs/design.md, 'Beyond one gateway'): an agent whose etcd keep-alives have not been answered for part of session_ttl must mark every device unconfirmed (fence_unconfirmed) before its lease can expire, until its check-in succeeds again; today watch() keeps them confirmed, and the session's Done comes only after the lease has expired (here the clone is confirmed while the cut-off agent still reports connected)")
 	c := etcdtest.Start(t, 1)
 	px := testkit.NewProxy(t, c.Endpoints()[0])
 	path := filepath.Join(t.TempDir(), "agent.db")
@@ -291,7 +289,61 @@ func TestPartitionedAgentIsNotConfirmedAlongsideAClone(t *testing.T) {
 		t.Fatalf("the clone: %v", err)
 	}
 	defer func() { m2.Close(); s2.Close() }()
-	if m2.Confirmed("pump-7") && m1.Confirmed("pump-7") {
-		t.Fatalf("two agents as gw-1 are both confirmed for pump-7 (the partitioned one: %+v)", m1.Status())
+	if !m2.Confirmed("pump-7") || m1.Confirmed("pump-7") {
+		t.Fatalf("the clone confirmed %v, the partitioned agent %v (want only the clone: %+v)", m2.Confirmed("pump-7"), m1.Confirmed("pump-7"), m1.Status())
+	}
+	if m1.Proven() {
+		t.Fatal("the partitioned agent may still send to its devices")
+	}
+	px.Resume()
+	select {
+	case <-m1.Failed():
+		if !errors.Is(m1.Err(), ErrClone) {
+			t.Fatalf("the partitioned agent failed with %v, want ErrClone", m1.Err())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the partitioned agent did not stop once etcd was back: %+v", m1.Status())
+	}
+	if m1.Confirmed("pump-7") {
+		t.Fatal("the failed agent confirms pump-7")
+	}
+}
+
+// Without ha, etcd going away for longer than session_ttl - margin
+// unconfirms every device (fence_unconfirmed, nothing sent) before the
+// lease can expire; when etcd is back and nobody else registered as the
+// gateway, it checks in again and its devices are confirmed, with no
+// floor (nothing could have served as it meanwhile).
+func TestLapseAndCheckInAgain(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	e := etcdConf(c.Endpoints())
+	e.DialTimeout = config.Duration(500 * time.Millisecond)
+	m, s, err := run(t, e, "gw-1", filepath.Join(t.TempDir(), "agent.db"), "pump-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { m.Close(); s.Close() }()
+	before := len(floors(t, s, "pump-7"))
+	if !m.Confirmed("pump-7") || !m.Proven() {
+		t.Fatalf("after Start: %+v", m.Status())
+	}
+	c.Kill(0)
+	killed := time.Now()
+	testkit.Eventually(t, 5*time.Second, "pump-7 unconfirmed once etcd is away", func() bool { return !m.Confirmed("pump-7") })
+	if d, ttl := time.Since(killed), e.SessionTTL.D(); d >= ttl {
+		t.Fatalf("confirmed for %s after etcd went away: at or past session_ttl %s, when the lease may have expired", d, ttl)
+	}
+	if m.Proven() || m.Status().State != "unreachable" {
+		t.Fatalf("after the lapse: proven %v, %+v", m.Proven(), m.Status())
+	}
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 20*time.Second, "pump-7 confirmed again once etcd is back", func() bool { return m.Confirmed("pump-7") && m.Proven() })
+	if n := len(floors(t, s, "pump-7")); n != before {
+		t.Fatalf("floors %d -> %d: a check-in again of the same store, with nobody else registered meanwhile, takes none", before, n)
+	}
+	if st := m.Status(); st.State != "connected" {
+		t.Fatalf("status %+v", st)
 	}
 }

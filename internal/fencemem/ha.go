@@ -69,12 +69,20 @@ func (m *Memory) tell(active bool) {
 // with it, while this agent is active and less than session_ttl -
 // safety_margin has passed since the send of the last keepalive etcd
 // confirmed. The worker sends no write to a device while it is false.
+//
+// Without ha it is the same with coordination once the gateway has
+// checked in (before that, every device is unconfirmed anyway: recovery
+// may still ask devices about unresolved writes), and always true without
+// coordination.
 func (m *Memory) Proven() bool {
-	if !m.o.HA {
+	if m.o.Etcd == nil {
 		return true
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.o.HA && !m.everActive {
+		return true
+	}
 	return m.active && time.Since(m.lastSent) < m.o.Etcd.SessionTTL.D()-m.o.SafetyMargin
 }
 
@@ -89,7 +97,7 @@ func (m *Memory) renewInterval() time.Duration {
 // session's grant, and starts proving the session.
 func (m *Memory) becomeActive(sess *concurrency.Session, sent time.Time) {
 	m.mu.Lock()
-	m.active, m.activeHost, m.lastSent = true, "", sent
+	m.active, m.activeHost, m.lastSent, m.everActive = true, "", sent, true
 	m.mu.Unlock()
 	m.wg.Add(1)
 	go m.prove(sess)
@@ -119,7 +127,11 @@ func (m *Memory) prove(sess *concurrency.Session) {
 			m.mu.Unlock()
 		}
 		if !m.Proven() {
-			m.standDown(err)
+			if m.o.HA {
+				m.standDown(err)
+			} else {
+				m.lapse(err)
+			}
 			return
 		}
 	}
@@ -165,6 +177,56 @@ func (m *Memory) standDown(cause error) {
 	}
 }
 
+// lapse is standDown without ha: the session could not be proven alive
+// within session_ttl - margin (etcd away or cut off), so another agent may
+// register as this gateway once the lease expires: a copy of the running
+// gateway (a VM snapshot, same store id and epoch) would find no doubt and
+// serve (invariant 7). So, before the lease can expire, every device is
+// unconfirmed (fence_unconfirmed) and nothing is sent to a device
+// (Proven), until the check-in succeeds again: it exits 1 when another
+// agent registered as this gateway meanwhile (ErrClone), and takes the
+// floor where that agent may have accepted fences (its check-in raised
+// the epoch etcd holds). The session is revoked first where etcd can
+// still be reached, so the new check-in need not wait for it.
+func (m *Memory) lapse(cause error) {
+	m.mu.Lock()
+	m.active = false
+	sess := m.sess
+	m.sess = nil
+	m.mu.Unlock()
+	for _, c := range m.confirmed {
+		c.Store(false)
+	}
+	m.log.Error("coordination: the etcd session cannot be proven alive within session_ttl - safety_margin; every device is fence_unconfirmed and nothing is sent to a device until the gateway checks in again",
+		"session_ttl", m.o.Etcd.SessionTTL.D(), "safety_margin", m.o.SafetyMargin, "err", cause)
+	m.setState("unreachable", "the etcd session could not be proven alive; checking in again")
+	if sess != nil {
+		sess.Orphan()
+		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
+		m.cli.Revoke(ctx, sess.Lease())
+		cancel()
+	}
+	for m.ctx.Err() == nil {
+		err := m.checkIn(m.ctx)
+		switch {
+		case err == nil:
+			id := m.identity()
+			m.log.Info("coordination: checked in again; fence memory confirmed", "store_id", id.StoreID, "epoch", id.Epoch)
+			return
+		case errors.Is(err, ErrClone), errors.Is(err, ErrClaimed):
+			m.fail(err)
+			return
+		case m.ctx.Err() != nil:
+			return
+		}
+		m.unreachable(err)
+		select {
+		case <-m.ctx.Done():
+		case <-time.After(m.o.Retry):
+		}
+	}
+}
+
 // standbyOf records the registration cur (another agent's) as the active.
 func (m *Memory) standbyOf(cur string) {
 	var r registration
@@ -190,8 +252,6 @@ func (m *Memory) startHA(ctx context.Context) error {
 		err := m.checkIn(ctx)
 		switch {
 		case err == nil:
-			m.wg.Add(1)
-			go m.watch()
 			return nil
 		case errors.Is(err, ErrClaimed):
 			m.Close()
