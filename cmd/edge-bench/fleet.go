@@ -68,6 +68,8 @@ type fleetResult struct {
 	simCPU            time.Duration   // every simulator
 	benchCPU          time.Duration   // this process: the controllers
 	agentIdle         []time.Duration // per agent, CPU per second idle (fleetIdle)
+	commitsPerCmd     []float64       // per agent, store commits per command of its own
+	commitTime        []time.Duration // per agent, mean time of a commit (fsync included)
 	etcdIdle          time.Duration   // CPU per second idle
 	brokerIdle        time.Duration   // CPU per second idle, every node
 	benchIdle         time.Duration   // the controllers' CPU per second idle
@@ -111,11 +113,13 @@ func runFleet(dur time.Duration, out string) error {
 			idle, idleMax := medianMax(r.agentIdle)
 			fmt.Printf("%-9s %2d gateways x %d devices: %6.0f cmds/s, p50 %s, p99 %s; lock acquire p50 %s, p99 %s, max %s\n"+
 				"          CPU per command: agents median %d µs, max %d µs; broker %d, etcd %d, firmware-sim %d, controllers %d µs; load before %s\n"+
+				"          store: commits per command median %.2f, a commit (fsync included) median %s\n"+
 				"          idle (%s, locks held, no command): agents median %.1f, max %.1f ms CPU/s; broker %.1f, etcd %.1f, controllers %.1f ms/s\n",
 				kind, g, r.devices, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 				r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond), r.acqMax.Round(time.Millisecond),
 				med.Microseconds(), mx.Microseconds(), r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
 				r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load,
+				median(r.commitsPerCmd), medianDurOf(r.commitTime),
 				fleetIdle, msOf(idle), msOf(idleMax), msOf(r.brokerIdle), msOf(r.etcdIdle), msOf(r.benchIdle))
 		}
 	}
@@ -136,8 +140,8 @@ func runFleet(dur time.Duration, out string) error {
 // writeFleetTable writes the results as a Markdown table, each row's
 // growth against the first row of its broker.
 func writeFleetTable(f interface{ Write([]byte) (int, error) }, results []fleetResult) {
-	fmt.Fprintln(f, "| broker | gateways x devices | cmds/s | per gateway | growth | p50 | p99 | lock acquire p50 | p99 | agent CPU µs/cmd median | max | agent idle ms/s median | broker µs/cmd | etcd | firmware-sim | controllers | load before |")
-	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(f, "| broker | gateways x devices | cmds/s | per gateway | growth | p50 | p99 | lock acquire p50 | p99 | agent CPU µs/cmd median | max | agent idle ms/s median | agent commits/cmd median | commit ms median | broker µs/cmd | etcd | firmware-sim | controllers | load before |")
+	fmt.Fprintln(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	var base *fleetResult
 	for i := range results {
 		r := &results[i]
@@ -153,12 +157,19 @@ func writeFleetTable(f interface{ Write([]byte) (int, error) }, results []fleetR
 func fleetRow(r, base fleetResult) string {
 	med, mx := medianMax(r.agentCPU)
 	idle, _ := medianMax(r.agentIdle)
-	return fmt.Sprintf("| %s | %d x %d | %.0f | %.0f | %s | %s | %s | %s | %s | %d | %d | %.1f | %d | %d | %d | %d | %s |",
+	return fmt.Sprintf("| %s | %d x %d | %.0f | %.0f | %s | %s | %s | %s | %s | %d | %d | %.1f | %.2f | %.2f | %d | %d | %d | %d | %s |",
 		r.broker, r.gateways, r.devices, r.perSec, r.perSec/float64(max(r.gateways, 1)), growth(r, base),
 		fmtLatency(r.p50), fmtLatency(r.p99),
 		r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond),
-		med.Microseconds(), mx.Microseconds(), float64(idle.Microseconds())/1000, r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
+		med.Microseconds(), mx.Microseconds(), float64(idle.Microseconds())/1000, median(r.commitsPerCmd), msOf(medianDurOf(r.commitTime)), r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
 		r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load)
+}
+
+// medianDurOf is the median of d (the upper one of an even count),
+// rounded to 10 µs.
+func medianDurOf(d []time.Duration) time.Duration {
+	m, _ := medianMax(d)
+	return m.Round(10 * time.Microsecond)
 }
 
 // fmtLatency rounds a latency for the table: to the µs below 10 ms, to
@@ -543,10 +554,29 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 	warm, end = time.Now().Add(dur/10), time.Now().Add(dur)
 	close(start)
 	meterStarted := make(chan struct{})
-	go func() { time.Sleep(time.Until(warm)); m.begin(); close(meterStarted) }()
+	commits0 := make([]storeCommits, g)
+	go func() {
+		time.Sleep(time.Until(warm))
+		m.begin()
+		for i, gw := range gws {
+			commits0[i], _ = gw.storeCommits()
+		}
+		close(meterStarted)
+	}()
 	done.Wait()
 	<-meterStarted
 	spent := m.spent()
+	for i, gw := range gws {
+		c, err := gw.storeCommits()
+		if err != nil {
+			return res, fmt.Errorf("gateway %s: /metrics: %w", gw.id, err)
+		}
+		n, cmds := c.commits-commits0[i].commits, float64(perGw[i].Load())
+		if cmds > 0 && n > 0 {
+			res.commitsPerCmd = append(res.commitsPerCmd, n/cmds)
+			res.commitTime = append(res.commitTime, time.Duration((c.seconds-commits0[i].seconds)/n*float64(time.Second)))
+		}
+	}
 	release()
 	if failed.Load() > 0 {
 		return res, fmt.Errorf("%d controllers failed: %w", failed.Load(), errors.Join(errs...))

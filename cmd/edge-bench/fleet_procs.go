@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -132,6 +133,7 @@ type fleetGateway struct {
 	id       string
 	devices  []string
 	agentPID int
+	admin    string // the agent's admin API (/metrics)
 	simPID   int
 	stop     func()
 }
@@ -169,7 +171,7 @@ func startFleetGateway(bins, dir string, i, devices int, brokers []string, etcd 
 		stopSim()
 		return nil, err
 	}
-	g.agentPID = agent.PID()
+	g.agentPID, g.admin = agent.PID(), admin
 	g.stop = func() {
 		agent.Stop(syscall.SIGTERM, 10*time.Second)
 		stopSim()
@@ -218,4 +220,51 @@ func fleetAgentYAML(gateway, dataDir, admin, simURL, etcd string, brokers, devic
 		fmt.Fprintf(&b, "  - id: %s\n    type: generic\n    lock: %s\n    driver: {url: %s, idempotent: true, queryable: true}\n", d, fleetLock(d), simURL)
 	}
 	return b.String()
+}
+
+// storeCommits is what an agent's store has committed so far, from its
+// /metrics: group commits, the updates in them and their time (fsync
+// included): edge_agent_store_commit_updates and _seconds.
+type storeCommits struct {
+	commits, updates float64
+	seconds          float64
+}
+
+func (g *fleetGateway) storeCommits() (storeCommits, error) {
+	hc := http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get("http://" + g.admin + "/metrics")
+	if err != nil {
+		return storeCommits{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return storeCommits{}, err
+	}
+	return parseStoreCommits(string(b)), nil
+}
+
+// parseStoreCommits reads the commit histograms' _count and _sum from a
+// Prometheus text exposition.
+func parseStoreCommits(text string) storeCommits {
+	var c storeCommits
+	for _, line := range strings.Split(text, "\n") {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "edge_agent_store_commit_updates_count":
+			c.commits = v
+		case "edge_agent_store_commit_updates_sum":
+			c.updates = v
+		case "edge_agent_store_commit_seconds_sum":
+			c.seconds = v
+		}
+	}
+	return c
 }

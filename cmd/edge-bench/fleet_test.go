@@ -80,8 +80,9 @@ func TestFleetGrowthAndRow(t *testing.T) {
 	one := fleetResult{broker: "mosquitto", gateways: 1, devices: 16, perSec: 400}
 	five := fleetResult{broker: "mosquitto", gateways: 5, devices: 16, perSec: 1000,
 		p50: 1500 * time.Microsecond, p99: 9 * time.Millisecond, acqP50: 40 * time.Millisecond, acqP99: 120 * time.Millisecond,
-		agentCPU:  []time.Duration{300 * time.Microsecond, 500 * time.Microsecond, 400 * time.Microsecond, 350 * time.Microsecond, 900 * time.Microsecond},
-		agentIdle: []time.Duration{2 * time.Millisecond, 9 * time.Millisecond, 3500 * time.Microsecond},
+		agentCPU:      []time.Duration{300 * time.Microsecond, 500 * time.Microsecond, 400 * time.Microsecond, 350 * time.Microsecond, 900 * time.Microsecond},
+		agentIdle:     []time.Duration{2 * time.Millisecond, 9 * time.Millisecond, 3500 * time.Microsecond},
+		commitsPerCmd: []float64{0.5, 0.25, 1}, commitTime: []time.Duration{2 * time.Millisecond, 3 * time.Millisecond},
 		brokerCPU: 80 * time.Microsecond, etcdCPU: 12 * time.Microsecond, simCPU: 150 * time.Microsecond, benchCPU: 200 * time.Microsecond, load: "1.0 0.9 0.8"}
 	if got := fmtLatency(1234567 * time.Nanosecond); got != "1.235ms" {
 		t.Errorf("fmtLatency(1.234567ms) = %s", got)
@@ -98,7 +99,7 @@ func TestFleetGrowthAndRow(t *testing.T) {
 	if g := growth(five, one); g != "x2.50 for x5 devices" {
 		t.Errorf("growth = %q", g)
 	}
-	want := "| mosquitto | 5 x 16 | 1000 | 200 | x2.50 for x5 devices | 1.5ms | 9ms | 40ms | 120ms | 400 | 900 | 3.5 | 80 | 12 | 150 | 200 | 1.0 0.9 0.8 |"
+	want := "| mosquitto | 5 x 16 | 1000 | 200 | x2.50 for x5 devices | 1.5ms | 9ms | 40ms | 120ms | 400 | 900 | 3.5 | 0.50 | 3.00 | 80 | 12 | 150 | 200 | 1.0 0.9 0.8 |"
 	if got := fleetRow(five, one); got != want {
 		t.Errorf("row\n got %s\nwant %s", got, want)
 	}
@@ -173,5 +174,25 @@ func TestNATSConf(t *testing.T) {
 		if !strings.Contains(c, want) {
 			t.Errorf("no %q in\n%s", want, c)
 		}
+	}
+}
+
+func TestParseStoreCommits(t *testing.T) {
+	text := `# HELP edge_agent_store_commit_updates Updates in one group commit.
+# TYPE edge_agent_store_commit_updates histogram
+edge_agent_store_commit_updates_bucket{le="1"} 10
+edge_agent_store_commit_updates_sum 250
+edge_agent_store_commit_updates_count 100
+edge_agent_store_commit_seconds_bucket{le="0.005"} 90
+edge_agent_store_commit_seconds_sum 0.42
+edge_agent_store_commit_seconds_count 100
+edge_agent_command_seconds_sum 9
+`
+	got := parseStoreCommits(text)
+	if got != (storeCommits{commits: 100, updates: 250, seconds: 0.42}) {
+		t.Errorf("parseStoreCommits = %+v", got)
+	}
+	if got := parseStoreCommits("garbage\n\n"); got != (storeCommits{}) {
+		t.Errorf("of nothing: %+v", got)
 	}
 }
