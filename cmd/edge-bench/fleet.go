@@ -65,15 +65,17 @@ type fleetResult struct {
 	agentCPU          []time.Duration // per agent, per command of its own
 	brokerCPU         time.Duration   // per command of all, every node
 	etcdCPU           time.Duration
-	simCPU            time.Duration   // every simulator
-	benchCPU          time.Duration   // this process: the controllers
-	agentIdle         []time.Duration // per agent, CPU per second idle (fleetIdle)
-	commitsPerCmd     []float64       // per agent, store commits per command of its own
-	commitTime        []time.Duration // per agent, mean time of a commit (fsync included)
-	etcdIdle          time.Duration   // CPU per second idle
-	brokerIdle        time.Duration   // CPU per second idle, every node
-	benchIdle         time.Duration   // the controllers' CPU per second idle
-	load              string          // /proc/loadavg before the run
+	simCPU            time.Duration        // every simulator
+	benchCPU          time.Duration        // this process: the controllers
+	agentIdle         []time.Duration      // per agent, CPU per second idle (fleetIdle)
+	commitsPerCmd     []float64            // per agent, store commits per command of its own
+	commitTime        []time.Duration      // per agent, mean time of a commit (fsync included)
+	updatesPerCmd     []float64            // per agent, store updates per command of its own
+	sends             controller.SendStats // every controller's, barriers and the warm-up included
+	etcdIdle          time.Duration        // CPU per second idle
+	brokerIdle        time.Duration        // CPU per second idle, every node
+	benchIdle         time.Duration        // the controllers' CPU per second idle
+	load              string               // /proc/loadavg before the run
 }
 
 func runFleet(dur time.Duration, out string) error {
@@ -113,13 +115,15 @@ func runFleet(dur time.Duration, out string) error {
 			idle, idleMax := medianMax(r.agentIdle)
 			fmt.Printf("%-9s %2d gateways x %d devices: %6.0f cmds/s, p50 %s, p99 %s; lock acquire p50 %s, p99 %s, max %s\n"+
 				"          CPU per command: agents median %d µs, max %d µs; broker %d, etcd %d, firmware-sim %d, controllers %d µs; load before %s\n"+
-				"          store: commits per command median %.2f, a commit (fsync included) median %s\n"+
+				"          store: commits per command median %.2f, updates per command %.2f, a commit (fsync included) median %s\n"+
+				"          controllers: %d publishes, %d resends after 10 s without a Result, %d busy, %d unknown Results\n"+
 				"          idle (%s, locks held, no command): agents median %.1f, max %.1f ms CPU/s; broker %.1f, etcd %.1f, controllers %.1f ms/s\n",
 				kind, g, r.devices, r.perSec, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
 				r.acqP50.Round(time.Millisecond), r.acqP99.Round(time.Millisecond), r.acqMax.Round(time.Millisecond),
 				med.Microseconds(), mx.Microseconds(), r.brokerCPU.Microseconds(), r.etcdCPU.Microseconds(),
 				r.simCPU.Microseconds(), r.benchCPU.Microseconds(), r.load,
-				median(r.commitsPerCmd), medianDurOf(r.commitTime),
+				median(r.commitsPerCmd), median(r.updatesPerCmd), medianDurOf(r.commitTime),
+				r.sends.Published, r.sends.Resends, r.sends.Busy, r.sends.Unknown,
 				fleetIdle, msOf(idle), msOf(idleMax), msOf(r.brokerIdle), msOf(r.etcdIdle), msOf(r.benchIdle))
 		}
 	}
@@ -439,6 +443,7 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 		end     time.Time
 		warm    time.Time
 		holders = make([]*controller.Holder, n)
+		senders = make([]*controller.Sender, n)
 	)
 	fail := func(err error) {
 		failed.Add(1)
@@ -486,6 +491,7 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 				acq[k] = time.Since(t0)
 				holders[k] = h
 				s := controller.NewSender(conn, h, &controller.SendOptions{ResultTimeout: 10 * time.Second})
+				senders[k] = s
 				if err := s.Barrier(h.Context(), dev); err != nil {
 					fail(fmt.Errorf("device %s: barrier: %w", dev, err))
 					return
@@ -574,6 +580,7 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 		n, cmds := c.commits-commits0[i].commits, float64(perGw[i].Load())
 		if cmds > 0 && n > 0 {
 			res.commitsPerCmd = append(res.commitsPerCmd, n/cmds)
+			res.updatesPerCmd = append(res.updatesPerCmd, (c.updates-commits0[i].updates)/cmds)
 			res.commitTime = append(res.commitTime, time.Duration((c.seconds-commits0[i].seconds)/n*float64(time.Second)))
 		}
 	}
@@ -582,6 +589,15 @@ func fleetRun(kind, bins, dir string, g, devices int, dur time.Duration) (fleetR
 		return res, fmt.Errorf("%d controllers failed: %w", failed.Load(), errors.Join(errs...))
 	}
 
+	for _, s := range senders {
+		if s != nil {
+			st := s.Stats()
+			res.sends.Published += st.Published
+			res.sends.Resends += st.Resends
+			res.sends.Busy += st.Busy
+			res.sends.Unknown += st.Unknown
+		}
+	}
 	st, err := latencies(lat, dur-dur/10)
 	if err != nil {
 		return res, err
