@@ -88,13 +88,16 @@ chaos-mutants:
 	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
 	$(BIN)/edge-chaos mutants -seed $(SEED) -duration 60s -settle 30s $(CHAOSFLAGS)
 
-# Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench.
+# Benchmarks: end-to-end harness (BENCHMARKS.md) and go test -bench. The
+# takeover runs (-takeover: 20 per session_ttl and fault, a pair of agents
+# each time) take about 12 minutes of the total.
 bench:
 	$(GO) test -run XXX -bench . -benchtime 2s ./internal/store ./internal/policy ./internal/agent ./internal/auth
 	cd controller && $(GO) test -run XXX -bench . -benchtime 2s ./wire/jws
 	$(GO) run ./cmd/edge-bench
 	$(GO) run ./cmd/edge-bench -footprint-plugins
 	$(GO) run ./cmd/edge-bench -fleet -fleet-gateways 1,5,20 -fleet-devices 16 -fleet-broker mosquitto,nats -duration 10s
+	$(GO) run ./cmd/edge-bench -takeover -takeover-runs 20 -session-ttl 3s,10s -devices 64 -duration 10s
 
 # fmt, vet, staticcheck (pinned) over every module, then the tests.
 check: fmt vet staticcheck test

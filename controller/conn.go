@@ -86,6 +86,9 @@ type Conn struct {
 	unverified int
 	foreign    int
 	watched    map[string]bool // device result topics subscribed (watchDevice)
+	conns      uint64          // connections made (OnConnect runs)
+	subErr     error           // the last refused or unanswered SUBSCRIBE
+	resubs     int             // SUBSCRIBEs sent again after a refusal
 }
 
 // waiter is one Send awaiting the Results of its op_id.
@@ -152,25 +155,7 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 		SetOnConnectHandler(func(pc paho.Client) {
 			// paho runs this on its own goroutine, so waiting here blocks
 			// no message handler.
-			filters := map[string]byte{c.reply: 1}
-			c.mu.Lock()
-			for t := range c.watched {
-				filters[t] = 1
-			}
-			c.mu.Unlock()
-			tok := pc.SubscribeMultiple(filters, nil)
-			var err error
-			if !tok.WaitTimeout(opts.ConnectTimeout) {
-				err = fmt.Errorf("subscribe %s: no SUBACK within %v", c.reply, opts.ConnectTimeout)
-			} else if err = tok.Error(); err == nil {
-				if st, ok := tok.(*paho.SubscribeToken); ok && st.Result()[c.reply] == 0x80 {
-					err = fmt.Errorf("subscribe %s: refused by the broker", c.reply)
-				}
-			}
-			select {
-			case subscribed <- err:
-			default:
-			}
+			c.subscribeAll(pc, subscribed)
 		})
 	c.cli = paho.NewClient(po)
 	tok := c.cli.Connect()
@@ -193,13 +178,84 @@ func Dial(ctx context.Context, opts ConnOptions) (*Conn, error) {
 			return nil, fmt.Errorf("%w %s: %w", ErrConnect, brokers, err)
 		}
 	case <-t.C:
+		c.mu.Lock()
+		last := c.subErr
+		c.closed = true // ends subscribeAll's retries
+		c.mu.Unlock()
 		c.cli.Disconnect(0)
-		return nil, fmt.Errorf("%w %s: reply subscription not confirmed within %v", ErrConnect, brokers, opts.ConnectTimeout)
+		return nil, fmt.Errorf("%w %s: reply subscription not confirmed within %v: %v", ErrConnect, brokers, opts.ConnectTimeout, last)
 	case <-ctx.Done():
 		c.cli.Disconnect(0)
 		return nil, fmt.Errorf("%w %s: %w", ErrConnect, brokers, ctx.Err())
 	}
 	return c, nil
+}
+
+// subscribeAll subscribes the reply topic and the watched device topics
+// on a new connection, and again, after a pause (100ms doubling to
+// MaxReconnectInterval), for as long as the broker refuses the
+// SUBSCRIBE or leaves it unanswered, the connection stays up and is the
+// newest one, and the Conn is open: a broker node that has just lost a
+// peer may refuse subscriptions for a while (NATS, until JetStream has
+// elected new leaders), and without the reply subscription no Result
+// would reach this controller on that connection. The first success is
+// sent to first (Dial waits for it).
+func (c *Conn) subscribeAll(pc paho.Client, first chan<- error) {
+	c.mu.Lock()
+	c.conns++
+	gen := c.conns
+	c.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		filters := map[string]byte{c.reply: 1}
+		c.mu.Lock()
+		for t := range c.watched {
+			filters[t] = 1
+		}
+		c.mu.Unlock()
+		tok := pc.SubscribeMultiple(filters, nil)
+		var err error
+		if !tok.WaitTimeout(c.opts.ConnectTimeout) {
+			err = fmt.Errorf("subscribe %s: no SUBACK within %v", c.reply, c.opts.ConnectTimeout)
+		} else if err = tok.Error(); err == nil {
+			if st, ok := tok.(*paho.SubscribeToken); ok {
+				for f, q := range st.Result() {
+					if q == 0x80 {
+						err = fmt.Errorf("subscribe %s: refused by the broker", f)
+						break
+					}
+				}
+			}
+		}
+		if err == nil {
+			select {
+			case first <- nil:
+			default:
+			}
+			return
+		}
+		c.mu.Lock()
+		c.subErr = err
+		stop := c.closed || c.conns != gen
+		if !stop {
+			c.resubs++
+		}
+		c.mu.Unlock()
+		if stop {
+			return
+		}
+		time.Sleep(Backoff(attempt, 100*time.Millisecond, c.opts.MaxReconnectInterval))
+		if !pc.IsConnectionOpen() {
+			return // the next connection's OnConnect subscribes
+		}
+	}
+}
+
+// Resubscribes counts the SUBSCRIBEs sent again because the broker had
+// refused or not answered one (subscribeAll).
+func (c *Conn) Resubscribes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resubs
 }
 
 // ReplyTopic is where this controller's Results arrive.

@@ -144,4 +144,21 @@ func TestDashboardFleetRow(t *testing.T) {
 	if down := fleet["Fleet: gateways down"]; !strings.Contains(string(rules), "unless on (instance) (up{job=\"edge-agent\"} == 1 and on (instance) edge_agent_mqtt_connected == 1)") || down == "" {
 		t.Error("the gateways-down panel and the EdgeAgentGatewayDown alert must agree")
 	}
+	// Each fleet panel's expression, with every gateway selected, is one
+	// that promtool evaluates on a fleet with an ha pair
+	// (prometheus/edge-agent-rules.test.yml, TestAlertRules runs it).
+	tests, err := os.ReadFile("prometheus/edge-agent-rules.test.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for title, expr := range fleet {
+		if e := strings.ReplaceAll(expr, "$gateway", ".*"); !strings.Contains(string(tests), "- expr: '"+e+"'") {
+			t.Errorf("panel %q: its expression is not tested in prometheus/edge-agent-rules.test.yml:\n%s", title, e)
+		}
+	}
+	for _, alert := range []string{"unless on (gateway) ((edge_agent_mqtt_connected == 1 and on (instance) up{job=\"edge-agent\"} == 1) * on (instance) group_left (gateway) edge_agent_gateway_info)"} {
+		if !strings.Contains(string(rules), alert) || !strings.Contains(fleet["Fleet: gateways down"], alert) {
+			t.Errorf("the alert and the gateways-down panel must both leave out a gateway with another instance connected (a standby): %s", alert)
+		}
+	}
 }

@@ -40,47 +40,49 @@ func (e *env) lastFence(dev string) (int64, store.Op) {
 func TestCrashPoints(t *testing.T) {
 	for _, point := range []string{"after_pending", "after_write"} {
 		t.Run(point, func(t *testing.T) {
-			e := newEnv(t, pump("pump-7"))
-			e.startProc("EDGE_AGENT_CRASH=" + point + ":op-1")
-			e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
-			if code := e.waitExit(20 * time.Second); code != -1 {
-				t.Fatalf("agent exited %d, want killed by SIGKILL", code)
-			}
-			if !strings.Contains(e.log(), "SIGKILL at crash point") {
-				t.Fatalf("the crash point was not reached:\n%s", e.log())
-			}
-			lf, rec := e.lastFence("pump-7")
-			if lf != 7 || rec.Status != store.OpPending {
-				t.Fatalf("after the crash: last_fence %d, op %s; want 7, pending", lf, rec.Status)
-			}
-			wantJournal := 0
-			if point == "after_write" {
-				wantJournal = 1
-			}
-			if n := len(e.journal()); n != wantJournal {
-				t.Fatalf("journal has %d entries at the crash, want %d", n, wantJournal)
-			}
-			if e.res.count("op-1") != 0 {
-				t.Fatal("a Result was published before the outcome was recorded")
-			}
-			e.startProc()
-			r := e.final("op-1")
-			want(t, r, wire.StatusApplied, wire.CodeOK)
-			if r.LastFence != 7 {
-				t.Fatalf("last_fence %d after restart", r.LastFence)
-			}
-			j := e.journal()
-			if len(j) != 1 || j[0].OpID != "op-1" {
-				t.Fatalf("journal after recovery: %+v", j)
-			}
-			if point == "after_pending" && !strings.HasPrefix(j[0].Key, "op-1.2.") {
-				t.Fatalf("after_pending: applied under key %s; the first key must have been tombstoned and a new one issued", j[0].Key)
-			}
-			// The agent keeps serving, and a resend gets the recorded outcome.
-			e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
-			if r := e.result("op-1", 2); !r.Duplicate || r.Code != wire.CodeOK {
-				t.Fatalf("resend after recovery: %+v", r)
-			}
+			forEachBroker(t, func(t *testing.T, b brokerKind) {
+				e := newEnvOn(t, b, pump("pump-7"))
+				e.startProc("EDGE_AGENT_CRASH=" + point + ":op-1")
+				e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
+				if code := e.waitExit(20 * time.Second); code != -1 {
+					t.Fatalf("agent exited %d, want killed by SIGKILL", code)
+				}
+				if !strings.Contains(e.log(), "SIGKILL at crash point") {
+					t.Fatalf("the crash point was not reached:\n%s", e.log())
+				}
+				lf, rec := e.lastFence("pump-7")
+				if lf != 7 || rec.Status != store.OpPending {
+					t.Fatalf("after the crash: last_fence %d, op %s; want 7, pending", lf, rec.Status)
+				}
+				wantJournal := 0
+				if point == "after_write" {
+					wantJournal = 1
+				}
+				if n := len(e.journal()); n != wantJournal {
+					t.Fatalf("journal has %d entries at the crash, want %d", n, wantJournal)
+				}
+				if e.res.count("op-1") != 0 {
+					t.Fatal("a Result was published before the outcome was recorded")
+				}
+				e.startProc()
+				r := e.final("op-1")
+				want(t, r, wire.StatusApplied, wire.CodeOK)
+				if r.LastFence != 7 {
+					t.Fatalf("last_fence %d after restart", r.LastFence)
+				}
+				j := e.journal()
+				if len(j) != 1 || j[0].OpID != "op-1" {
+					t.Fatalf("journal after recovery: %+v", j)
+				}
+				if point == "after_pending" && !strings.HasPrefix(j[0].Key, "op-1.2.") {
+					t.Fatalf("after_pending: applied under key %s; the first key must have been tombstoned and a new one issued", j[0].Key)
+				}
+				// The agent keeps serving, and a resend gets the recorded outcome.
+				e.send("pump-7", cmd("op-1", 7, "set", `{"rpm":700}`))
+				if r := e.result("op-1", 2); !r.Duplicate || r.Code != wire.CodeOK {
+					t.Fatalf("resend after recovery: %+v", r)
+				}
+			})
 		})
 	}
 }
@@ -89,7 +91,11 @@ func TestCrashPoints(t *testing.T) {
 // but before it acknowledged the command; the broker redelivers it, and the
 // redelivery gets the recorded outcome, duplicate.
 func TestRedeliveryAfterKillBeforeAck(t *testing.T) {
-	e := newEnv(t, pump("pump-7"))
+	forEachBroker(t, testRedeliveryAfterKillBeforeAck)
+}
+
+func testRedeliveryAfterKillBeforeAck(t *testing.T, b brokerKind) {
+	e := newEnvOn(t, b, pump("pump-7"))
 	e.startProc("EDGE_AGENT_CRASH=before_ack:op-1")
 	e.send("pump-7", cmd("op-1", 3, "set", `{"rpm":300}`))
 	first := e.result("op-1", 1)

@@ -22,8 +22,10 @@ func want(t testing.TB, r wire.Result, status wire.Status, code wire.Code) {
 }
 
 // Invariant 1: a stale holder's write never reaches the device.
-func TestStaleHolderIsFencedOff(t *testing.T) {
-	e := newEnv(t, pump("pump-7"))
+func TestStaleHolderIsFencedOff(t *testing.T) { forEachBroker(t, testStaleHolderIsFencedOff) }
+
+func testStaleHolderIsFencedOff(t *testing.T, b brokerKind) {
+	e := newEnvOn(t, b, pump("pump-7"))
 	e.start()
 
 	e.send("pump-7", cmd("b-1", 42, "set", `{"rpm":1200}`))
@@ -81,8 +83,10 @@ func TestStaleHolderIsFencedOff(t *testing.T) {
 
 // Invariant 2: a resend gets the recorded outcome; another command under
 // the same op_id is op_conflict and leaves the record untouched.
-func TestDuplicateAndConflict(t *testing.T) {
-	e := newEnv(t, pump("pump-7"))
+func TestDuplicateAndConflict(t *testing.T) { forEachBroker(t, testDuplicateAndConflict) }
+
+func testDuplicateAndConflict(t *testing.T, b brokerKind) {
+	e := newEnvOn(t, b, pump("pump-7"))
 	e.start()
 	e.send("pump-7", cmd("op-1", 5, "set", `{"rpm":100}`))
 	first := e.result("op-1", 1)

@@ -199,7 +199,7 @@ func TestFleetDirectory(t *testing.T) {
 	})
 	for _, g := range []struct{ id, dev string }{{"gw-a", "pump-a"}, {"gw-b", "pump-b"}} {
 		r := rows[g.id]
-		if !r.Registered || !r.Online || r.Role != "active" || r.Host == "" || r.Version == "" || r.StartedAt.IsZero() ||
+		if !r.Registered || !r.Online || r.Role != "single" || r.Host == "" || r.Version == "" || r.StartedAt.IsZero() ||
 			len(r.Devices) != 1 || r.Devices[0].Device != g.dev || !r.Devices[0].Claimed || r.Devices[0].LastFence != fence {
 			t.Fatalf("edgectl fleet, %s: %+v", g.id, r)
 		}
@@ -209,8 +209,8 @@ func TestFleetDirectory(t *testing.T) {
 	}
 	code, out = runEdgectl(t, "fleet", "--etcd", strings.Join(etcd.Endpoints(), ","), "--broker", mosq.URL())
 	t.Logf("edgectl fleet:\n%s", out)
-	for _, re := range []string{`(?m)^gw-a\s+online\s+active\s`, `(?m)^gw-b\s+online\s+active\s`,
-		fmt.Sprintf(`(?m)^\s+pump-b\s+true\s+%d\s+ctl-b\s+\{`, fence)} {
+	for _, re := range []string{`(?m)^gw-a\s+online\s+single\s`, `(?m)^gw-b\s+online\s+single\s`,
+		fmt.Sprintf(`(?m)^\s+pump-b\s+true\s+%d\s+0\s+ctl-b\s+\{`, fence)} {
 		if code != 0 || !regexp.MustCompile(re).MatchString(out) {
 			t.Fatalf("edgectl fleet's table: exit %d, no line matching %s\n%s", code, re, out)
 		}
@@ -238,17 +238,24 @@ type fleetRow struct {
 	Gateway    string    `json:"gateway"`
 	Registered bool      `json:"registered"`
 	Host       string    `json:"host"`
+	PID        int       `json:"pid"`
 	Version    string    `json:"version"`
 	StartedAt  time.Time `json:"started_at"`
 	Role       string    `json:"role"`
-	Status     string    `json:"status"`
-	Online     bool      `json:"online"`
+	Standbys   []struct {
+		Host string `json:"host"`
+		PID  int    `json:"pid"`
+	} `json:"standbys"`
+	Status     string `json:"status"`
+	Online     bool   `json:"online"`
+	HeldWrites int    `json:"held_writes"`
 	Devices    []struct {
-		Device    string          `json:"device"`
-		Claimed   bool            `json:"claimed"`
-		LastFence int64           `json:"last_fence"`
-		LastOpID  string          `json:"last_op_id"`
-		State     json.RawMessage `json:"state"`
+		Device     string          `json:"device"`
+		Claimed    bool            `json:"claimed"`
+		LastFence  int64           `json:"last_fence"`
+		LastOpID   string          `json:"last_op_id"`
+		State      json.RawMessage `json:"state"`
+		HeldWrites int             `json:"held_writes"`
 	} `json:"devices"`
 }
 

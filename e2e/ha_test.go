@@ -63,11 +63,13 @@ func newHA(t *testing.T) *fmEnv {
 
 // peer starts the second agent: the same configuration but data_dir (and
 // the admin address, both on this host).
-func (f *fmEnv) peer() *haPeer {
+// repl are more old, new pairs for its configuration (e.g. its own etcd
+// endpoints).
+func (f *fmEnv) peer(repl ...string) *haPeer {
 	f.t.Helper()
 	p := &haPeer{adminAt: testkit.FreeAddr(f.t)}
 	cfg, _ := os.ReadFile(f.cfgPath)
-	b := strings.NewReplacer(f.dataDir, filepath.Join(f.t.TempDir(), "data-b"), f.adminAt, p.adminAt).Replace(string(cfg))
+	b := strings.NewReplacer(append([]string{f.dataDir, filepath.Join(f.t.TempDir(), "data-b"), f.adminAt, p.adminAt}, repl...)...).Replace(string(cfg))
 	path := filepath.Join(f.t.TempDir(), "b.yaml")
 	os.WriteFile(path, []byte(b), 0o600)
 	p.proc = testkit.StartProc(f.t, testkit.ProcOptions{StopSignal: syscall.SIGKILL}, f.agent, "run", "--config", path, "--log-level", "info")
@@ -193,6 +195,86 @@ func TestHATakeover(t *testing.T) {
 		if slices.Contains(got, op) {
 			t.Fatalf("%s, queued on the paused active, reached the firmware: %v", op, got)
 		}
+	}
+	f.checkJournal()
+}
+
+// A partition between the active and etcd (toxiproxy holding every byte,
+// as a cut link does) behaves like the pause: the active's gate closes
+// before its session can expire, it stands down while it still runs and
+// reaches the broker and the device, the standby takes over within
+// session_ttl + 5 s with the floor, and none of the writes queued on the
+// cut-off agent reaches the firmware after the takeover. When the link is
+// back it stays standby (the other holds the registration). No op runs
+// twice.
+func TestHATakeoverOnEtcdPartition(t *testing.T) {
+	f := newFM(t)
+	direct := strings.Join(f.etcd.Endpoints(), ", ")
+	px := testkit.NewProxy(t, f.etcd.Endpoints()[0])
+	f.coordinate([]string{"http://" + px.Addr()})
+	f.extra += "ha:\n  enabled: true\n  safety_margin: 1s\n"
+	f.run()
+	b := f.peer("http://"+px.Addr(), direct)
+	if r, _ := haRole(f.adminAt); r != "active" {
+		t.Fatalf("the first agent is %q once the second is standby", r)
+	}
+	g1 := f.lock()
+	want(t, f.cmdOp("op-1", g1, "set", `{"rpm":100}`), wire.StatusApplied, wire.CodeOK)
+
+	setFaults(t, f.sim, sim.Faults{Device: "pump-7", LatencyMS: 700})
+	queued := []string{"q-1", "q-2", "q-3", "q-4", "q-5", "q-6", "q-7", "q-8"}
+	for _, op := range queued {
+		f.send("pump-7", cmd(op, g1, "set", `{"rpm":150}`))
+	}
+	testkit.Eventually(t, 10*time.Second, "q-1 in flight, the rest queued", func() bool {
+		d := f.device()
+		return d.Pending == 1 && d.QueueDepth >= 2
+	})
+	px.Pause()
+	cut := time.Now()
+	waitActive(t, b.adminAt, cut)
+	if held := px.Held(); held == 0 {
+		t.Fatal("the proxy held nothing: the active's etcd link was not cut")
+	}
+	if fl := haFloors(t, b.adminAt); len(fl) == 0 || !strings.Contains(fl[0], "takeover") {
+		t.Fatalf("the new active's floors: %q", fl)
+	}
+	// The cut-off agent runs on and still answers: it stood down.
+	if r, _ := haRole(f.adminAt); r != "standby" {
+		t.Fatalf("the cut-off agent's role once the other took over: %q", r)
+	}
+	if code, _ := haGet(f.adminAt, "/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("the cut-off agent's /readyz: %d", code)
+	}
+	setFaults(t, f.sim, sim.Faults{Device: "pump-7"})
+	atTakeover := len(f.journal())
+	wrote := f.journalOps()
+	var leftOver []string // queued writes the cut-off agent never sent
+	for _, op := range queued {
+		if !slices.Contains(wrote, op) {
+			leftOver = append(leftOver, op)
+		}
+	}
+	if len(leftOver) == 0 {
+		t.Fatalf("every queued write reached the firmware before the takeover (%v): nothing shows the gate", wrote)
+	}
+
+	want(t, f.cmdOp("op-old", g1, "set", `{"rpm":1}`), wire.StatusRejected, wire.CodeStaleFence)
+	f.newGeneration("op-new")
+
+	px.Resume()
+	testkit.Eventually(t, 15*time.Second, "the cut-off agent standby of the new active once the link is back", func() bool {
+		r, host := haRole(f.adminAt)
+		return r == "standby" && host != ""
+	})
+	g3 := f.lock()
+	want(t, f.cmdOp("op-new2-barrier", g3, wire.ActionFence, ""), wire.StatusApplied, wire.CodeOK)
+	want(t, f.cmdOp("op-new2", g3, "set", `{"rpm":400}`), wire.StatusApplied, wire.CodeOK)
+	if got := f.journalOps()[atTakeover:]; !slices.Equal(got, []string{"op-new", "op-new2"}) {
+		t.Fatalf("the firmware's journal after the takeover: %v (%v were queued on the cut-off agent and must never reach it)", got, leftOver)
+	}
+	if r, _ := haRole(b.adminAt); r != "active" {
+		t.Fatalf("the new active's role at the end: %q", r)
 	}
 	f.checkJournal()
 }

@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 	if binDir, err = os.MkdirTemp("", "edge-agent-e2e"); err != nil {
 		panic(err)
 	}
-	testkit.Main(m, func() { os.RemoveAll(binDir) })
+	testkit.Main(m, func() { os.RemoveAll(binDir) }, stopSharedNATS)
 }
 
 // devSpec is one device of a test gateway.
@@ -84,7 +84,10 @@ type env struct {
 	cfgPath string
 	extra   string // extra top-level YAML
 	brokers string // mqtt.brokers, a YAML flow list; "": mqtt.broker is broker
-	adminAt string // admin.listen; "": 127.0.0.1:0
+	prefix  string // mqtt.topic_prefix; "": wire.DefaultPrefix
+	// clientID is mqtt.client_id; "": edge-agent-e2e.
+	clientID string
+	adminAt  string // admin.listen; "": 127.0.0.1:0
 
 	app  *app.App
 	proc *testkit.Proc // the agent process (startProc); nil once it exited
@@ -110,11 +113,32 @@ func (e *env) waitOnline() {
 	})
 }
 
+// newEnv is a gateway on its own mosquitto.
 func newEnv(t testing.TB, devs ...devSpec) *env {
 	t.Helper()
+	return newEnvOn(t, onMosquitto, devs...)
+}
+
+// newEnvOn is a gateway on broker b: its own mosquitto, or the shared
+// NATS cluster (nats_test.go), where the agent is given every node, first
+// node first, and the test's clients use the second node, with a topic
+// prefix and client ID of the test's own.
+func newEnvOn(t testing.TB, b brokerKind, devs ...devSpec) *env {
+	t.Helper()
 	e := &env{t: t, devs: devs, dataDir: filepath.Join(t.TempDir(), "data")}
-	e.mosq = mqtttest.StartMosquitto(t)
-	e.broker = e.mosq.URL()
+	switch b {
+	case onMosquitto:
+		e.mosq = mqtttest.StartMosquitto(t)
+		e.broker = e.mosq.URL()
+	case onNATS:
+		urls := sharedNATS(t).URLs()
+		e.broker = urls[1]
+		e.brokers = "[" + strings.Join(urls, ", ") + "]"
+		e.prefix = fmt.Sprintf("e2e%d", natsEnvs.Add(1))
+		e.clientID = "edge-agent-" + e.prefix
+	default:
+		t.Fatalf("no broker %q", b)
+	}
 	types := map[string]string{}
 	for _, d := range devs {
 		types[d.id] = d.typ
@@ -135,10 +159,18 @@ func newEnv(t testing.TB, devs ...devSpec) *env {
 			t.Fatal(err)
 		}
 	}
-	e.res = newCollector(t, e.broker)
-	e.status = mqtttest.Subscribe(t, e.broker, wire.StatusTopic(wire.DefaultPrefix, gw))
+	e.res = newCollector(t, e.broker, e.pfx())
+	e.status = mqtttest.Subscribe(t, e.broker, wire.StatusTopic(e.pfx(), gw))
 	e.sender = connect(t, e.broker, fmt.Sprintf("e2e-sender-%d", time.Now().UnixNano()))
 	return e
+}
+
+// pfx is the gateway's topic prefix.
+func (e *env) pfx() string {
+	if e.prefix == "" {
+		return wire.DefaultPrefix
+	}
+	return e.prefix
 }
 
 func (e *env) writeConfig() string {
@@ -147,7 +179,14 @@ func (e *env) writeConfig() string {
 	if e.brokers != "" {
 		brokerKey = "brokers: " + e.brokers
 	}
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  %s\n  client_id: edge-agent-e2e\n", gw, e.dataDir, brokerKey)
+	clientID := e.clientID
+	if clientID == "" {
+		clientID = "edge-agent-e2e"
+	}
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\nmqtt:\n  %s\n  client_id: %s\n", gw, e.dataDir, brokerKey, clientID)
+	if e.prefix != "" {
+		fmt.Fprintf(&b, "  topic_prefix: %s\n", e.prefix)
+	}
 	adminAt := e.adminAt
 	if adminAt == "" {
 		adminAt = "127.0.0.1:0"
@@ -288,7 +327,7 @@ func (e *env) send(dev string, c any) {
 			e.t.Fatal(err)
 		}
 	}
-	tok := e.sender.Publish(wire.CmdTopic(wire.DefaultPrefix, gw, dev), 1, false, b)
+	tok := e.sender.Publish(wire.CmdTopic(e.pfx(), gw, dev), 1, false, b)
 	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		e.t.Fatalf("publish: %v", tok.Error())
 	}
@@ -351,10 +390,10 @@ type collector struct {
 	all  atomic.Int64
 }
 
-func newCollector(t testing.TB, url string) *collector {
+func newCollector(t testing.TB, url, prefix string) *collector {
 	c := &collector{t: t, by: map[string][]wire.Result{}}
 	c.cond = sync.NewCond(&c.mu)
-	c.watch(t, url, wire.ResultFilter(wire.DefaultPrefix, gw))
+	c.watch(t, url, wire.ResultFilter(prefix, gw))
 	return c
 }
 

@@ -163,20 +163,6 @@ func TestFleetAgentYAML(t *testing.T) {
 	}
 }
 
-// TestNATSConf: a node's configuration has what NATS's MQTT interface
-// needs: a server_name, JetStream with its own store, the cluster's
-// routes, and mqtt with 3 replicas and a short ack_wait.
-func TestNATSConf(t *testing.T) {
-	c := natsConf("n2", 4222, 6222, 1883, []int{6221, 6222, 6223}, "/tmp/n2/store")
-	for _, want := range []string{"server_name: n2\n", "listen: 127.0.0.1:4222\n", `store_dir: "/tmp/n2/store"`,
-		"listen: 127.0.0.1:6222\n", "routes: [nats-route://127.0.0.1:6221, nats-route://127.0.0.1:6222, nats-route://127.0.0.1:6223]",
-		"mqtt {\n  listen: 127.0.0.1:1883\n  stream_replicas: 3\n  ack_wait: \"3s\""} {
-		if !strings.Contains(c, want) {
-			t.Errorf("no %q in\n%s", want, c)
-		}
-	}
-}
-
 func TestParseStoreCommits(t *testing.T) {
 	text := `# HELP edge_agent_store_commit_updates Updates in one group commit.
 # TYPE edge_agent_store_commit_updates histogram

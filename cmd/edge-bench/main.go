@@ -24,6 +24,11 @@
 // (coordination.go): the agent's CPU per command at the largest -devices
 // count with and without it, alternating runs, and its start-up time to
 // ready on a new store and on a restart, with and without it.
+//
+// With -takeover it measures a standby pair (ha.go, docs/protocol.md §8):
+// the takeover time after the active is SIGKILLed or SIGSTOPped, for each
+// -session-ttl, and the agent's CPU per command as the active of a pair
+// against single, and the standby's CPU while it waits.
 package main
 
 import (
@@ -88,6 +93,13 @@ func main() {
 	fpData := flag.String("data-dir", "", "with -footprint: put the agents' data here, on a block device nothing else writes to (a loop mount), and count the bytes that reach it")
 	coord := flag.Bool("coordination", false, "measure the agent with coordination.etcd (one etcd member) against without: CPU per command at the largest -devices count, alternating runs, and start-up time to ready (coordination.go)")
 	coordRounds := flag.Int("coordination-rounds", 3, "with -coordination: rounds of each")
+	takeover := flag.Bool("takeover", false, "measure a standby pair instead (ha.go): takeover time after the active is SIGKILLed or SIGSTOPped, then the agent's CPU per command as the active of a pair against single, at the largest -devices count")
+	takeoverRuns := flag.Int("takeover-runs", 20, "with -takeover: takeovers per session_ttl and fault")
+	takeoverTTLs := flag.String("session-ttl", "3s,10s", "with -takeover: the session_ttl values to run")
+	takeoverFaults := flag.String("takeover-faults", "kill,stop", "with -takeover: the faults of the active (kill: SIGKILL, stop: SIGSTOP)")
+	takeoverDevs := flag.Int("takeover-devices", 8, "with -takeover: devices of the takeover runs (each takes the floor)")
+	takeoverCPU := flag.Int("takeover-cpu-rounds", 3, "with -takeover: rounds of single against active (0: none)")
+	takeoverIdle := flag.Duration("takeover-idle", 30*time.Second, "with -takeover: then the pair's CPU idle, over this long (0: none)")
 	echoBroker := flag.String("echo", "", "internal: serve as the echo baseline on this broker until stdin closes")
 	echoDevice := flag.String("echo-device", "", "internal, with -echo: forward each command to this firmware-sim")
 	echoDevices := flag.Int("echo-devices", 0, "internal, with -echo-device: how many devices (d0..) it simulates")
@@ -132,6 +144,27 @@ func main() {
 	}
 	if *fleetOn { // fleet.go
 		if err := runFleet(*dur, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *takeover { // ha.go
+		o := takeoverOpts{runs: *takeoverRuns, devices: *takeoverDevs, cpuRounds: *takeoverCPU, idle: *takeoverIdle, dur: *dur, out: *out}
+		var err error
+		if o.ttls, err = parseDurations(*takeoverTTLs); err == nil {
+			o.faults, err = parseFaults(*takeoverFaults)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(2)
+		}
+		for _, f := range splitList(*devs) {
+			var k int
+			fmt.Sscan(f, &k)
+			o.cpuN = max(o.cpuN, k)
+		}
+		if err := runTakeover(o); err != nil {
 			fmt.Fprintln(os.Stderr, "edge-bench:", err)
 			os.Exit(1)
 		}
@@ -558,6 +591,10 @@ type target struct {
 	// the etcd endpoint of the agent's coordination.etcd (-coordination).
 	fence        int64
 	coordination string
+	// ha: the agent is the active of a pair, its standby running (-takeover,
+	// ha.go); ttl, when set, is coordination.etcd.session_ttl.
+	ha  bool
+	ttl time.Duration
 }
 
 // kind is what answers the commands.
@@ -630,8 +667,18 @@ func (t target) start(broker string, n int, m *cpuMeter) (func(), error) {
 		return func() { stop(); fw.Close() }, nil
 	case inProcess:
 		return startEcho(broker, "", 0)
+	case agentish && t.ha:
+		p, err := startHAPair(t.bins, t.dir, broker, t.coordination, t.ttl, n, m)
+		if err != nil {
+			return nil, err
+		}
+		return p.stop, nil
 	case agentish:
-		stop, admin, err := startAgentProcesses(t.bins, t.dir, broker, keyFile, coordYAML(t.coordination), n, m, t.kind)
+		extra := coordYAML(t.coordination)
+		if t.ttl > 0 && t.coordination != "" {
+			extra = coordTTLYAML(t.coordination, t.ttl)
+		}
+		stop, admin, err := startAgentProcesses(t.bins, t.dir, broker, keyFile, extra, n, m, t.kind)
 		if err != nil || !t.withBrowser {
 			return stop, err
 		}

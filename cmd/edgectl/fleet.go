@@ -33,14 +33,30 @@ type fleetGateway struct {
 	PID        int       `json:"pid,omitempty"`
 	Version    string    `json:"version,omitempty"`
 	StartedAt  time.Time `json:"started_at,omitzero"`
-	// Role: "active" for the agent holding the registration (a single
-	// agent is the active one of one), "" when none holds it.
+	// Role of the agent holding the registration: "single" (no ha) or
+	// "active" (ha; an agent from before the registration said its role
+	// shows "active" too); without a registration, the role its status
+	// topic names while online; "" when none.
 	Role string `json:"role,omitempty"`
+	// Standbys are the agents waiting to take over ({cp}/standbys/{gw}/):
+	// with Role "active", Host and PID say which host is active.
+	Standbys []fleetStandby `json:"standbys,omitempty"`
 	// Status is the retained status topic's state (online, offline), ""
 	// without --broker or when the topic holds none.
-	Status  string        `json:"status,omitempty"`
-	Online  bool          `json:"online"`
-	Devices []fleetDevice `json:"devices"`
+	Status string `json:"status,omitempty"`
+	Online bool   `json:"online"`
+	// HeldWrites is the sum of the devices' held_writes (0 without
+	// --broker: the retained DeviceStates carry them).
+	HeldWrites int           `json:"held_writes"`
+	Devices    []fleetDevice `json:"devices"`
+}
+
+// fleetStandby is an agent waiting as standby for a gateway.
+type fleetStandby struct {
+	Host      string    `json:"host"`
+	PID       int       `json:"pid"`
+	Version   string    `json:"version,omitempty"`
+	StartedAt time.Time `json:"started_at,omitzero"`
 }
 
 // fleetDevice is one device of a gateway: claimed in the directory, or
@@ -52,6 +68,11 @@ type fleetDevice struct {
 	LastOpID  string          `json:"last_op_id,omitempty"`
 	State     json.RawMessage `json:"state,omitempty"`
 	At        time.Time       `json:"at,omitzero"`
+	// HeldWrites: the retained DeviceState's held_writes, the device's
+	// writes whose outcome is unknown, held until the device answers or
+	// an operator resolves them (GET /v1/ops?status=unknown on its
+	// gateway lists them).
+	HeldWrites int `json:"held_writes"`
 }
 
 func fleetCmd() *cobra.Command {
@@ -64,10 +85,11 @@ func fleetCmd() *cobra.Command {
 		Short: "List every gateway of a fleet and its devices",
 		Long: `List every gateway that coordinates through one etcd cluster: the ones
 registered now ({prefix}/gateways/{gw}: host, pid, version, started_at,
-role) and the ones that ran before ({prefix}/stores/{gw}); with --broker,
-whether each is online (its retained status topic) and, per device, the
-retained DeviceState (last_fence, last_op_id, state). A gateway that
-stopped shows offline and no longer registered.`,
+role: single, or active with its standbys) and the ones that ran before
+({prefix}/stores/{gw}); with --broker, whether each is online (its retained
+status topic) and, per device, the retained DeviceState (last_fence,
+held writes, last_op_id, state), with each gateway's total of held writes.
+A gateway that stopped shows offline and no longer registered.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if etcd == "" {
@@ -131,6 +153,7 @@ func fleet(ctx context.Context, eps []string, dirPrefix string, co *controller.C
 		clientv3.OpGet(dirPrefix+"/gateways/", clientv3.WithPrefix()),
 		clientv3.OpGet(dirPrefix+"/stores/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(dirPrefix+"/devices/", clientv3.WithPrefix()),
+		clientv3.OpGet(dirPrefix+"/standbys/", clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
@@ -142,13 +165,26 @@ func fleet(ctx context.Context, eps []string, dirPrefix string, co *controller.C
 			PID       int       `json:"pid"`
 			Version   string    `json:"version"`
 			StartedAt time.Time `json:"started_at"`
+			Role      string    `json:"role"`
 		}
 		id := strings.TrimPrefix(string(kv.Key), dirPrefix+"/gateways/")
 		if strings.Contains(id, "/") || json.Unmarshal(kv.Value, &reg) != nil {
 			continue
 		}
+		if reg.Role == "" {
+			reg.Role = "active" // an agent from before the registration named its role
+		}
 		g := gwOf(id)
-		g.Registered, g.Host, g.PID, g.Version, g.StartedAt, g.Role = true, reg.Host, reg.PID, reg.Version, reg.StartedAt, "active"
+		g.Registered, g.Host, g.PID, g.Version, g.StartedAt, g.Role = true, reg.Host, reg.PID, reg.Version, reg.StartedAt, reg.Role
+	}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		var sb fleetStandby
+		id, _, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), dirPrefix+"/standbys/"), "/")
+		if !ok || json.Unmarshal(kv.Value, &sb) != nil {
+			continue
+		}
+		g := gwOf(id)
+		g.Standbys = append(g.Standbys, sb)
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		if id := strings.TrimPrefix(string(kv.Key), dirPrefix+"/stores/"); !strings.Contains(id, "/") {
@@ -170,10 +206,16 @@ func fleet(ctx context.Context, eps []string, dirPrefix string, co *controller.C
 				if g.Version == "" {
 					g.Version = status.Version
 				}
+				if g.Host == "" {
+					g.Host = status.Host
+				}
+				if g.Role == "" && g.Online {
+					g.Role = status.Role
+				}
 				return
 			}
 			d := devOf(g, ds.Device)
-			d.LastFence, d.LastOpID, d.State, d.At = ds.LastFence, ds.LastOpID, ds.State, ds.At
+			d.LastFence, d.LastOpID, d.State, d.At, d.HeldWrites = ds.LastFence, ds.LastOpID, ds.State, ds.At, max(ds.HeldWrites, 0)
 		}); err != nil {
 			return nil, err
 		}
@@ -184,6 +226,15 @@ func fleet(ctx context.Context, eps []string, dirPrefix string, co *controller.C
 		if g.Devices == nil {
 			g.Devices = []fleetDevice{}
 		}
+		for _, d := range g.Devices {
+			g.HeldWrites += d.HeldWrites
+		}
+		slices.SortFunc(g.Standbys, func(a, b fleetStandby) int {
+			if c := strings.Compare(a.Host, b.Host); c != 0 {
+				return c
+			}
+			return a.PID - b.PID
+		})
 		out = append(out, g)
 	}
 	slices.SortFunc(out, func(a, b *fleetGateway) int { return strings.Compare(a.Gateway, b.Gateway) })
@@ -283,8 +334,15 @@ func printFleet(out io.Writer, gws []*fleetGateway, asJSON, withBroker bool) err
 		_, err = fmt.Fprintln(out, string(b))
 		return err
 	}
+	// Held writes are known only from the retained DeviceStates.
+	held := func(n int) string {
+		if !withBroker {
+			return "-"
+		}
+		return fmt.Sprint(n)
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GATEWAY\tSTATUS\tROLE\tHOST\tVERSION\tSTARTED\tDEVICES")
+	fmt.Fprintln(tw, "GATEWAY\tSTATUS\tROLE\tHOST\tSTANDBY\tVERSION\tSTARTED\tDEVICES\tHELD")
 	for _, g := range gws {
 		status := g.Status
 		switch {
@@ -299,7 +357,18 @@ func printFleet(out io.Writer, gws []*fleetGateway, asJSON, withBroker bool) err
 		if !g.StartedAt.IsZero() {
 			started = g.StartedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", g.Gateway, status, dash(g.Role), dash(g.Host), dash(g.Version), started, len(g.Devices))
+		// Of a pair, the hosts with their pids: two agents of one gateway
+		// may run on one host.
+		host := dash(g.Host)
+		var standby []string
+		for _, s := range g.Standbys {
+			standby = append(standby, fmt.Sprintf("%s (pid %d)", s.Host, s.PID))
+		}
+		if len(standby) > 0 && g.Registered {
+			host = fmt.Sprintf("%s (pid %d)", g.Host, g.PID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", g.Gateway, status, dash(g.Role), host,
+			dash(strings.Join(standby, ", ")), dash(g.Version), started, len(g.Devices), held(g.HeldWrites))
 	}
 	tw.Flush()
 	for _, g := range gws {
@@ -308,9 +377,9 @@ func printFleet(out io.Writer, gws []*fleetGateway, asJSON, withBroker bool) err
 		}
 		fmt.Fprintf(out, "\n%s:\n", g.Gateway)
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  DEVICE\tCLAIMED\tLAST_FENCE\tLAST_OP\tSTATE")
+		fmt.Fprintln(tw, "  DEVICE\tCLAIMED\tLAST_FENCE\tHELD\tLAST_OP\tSTATE")
 		for _, d := range g.Devices {
-			fmt.Fprintf(tw, "  %s\t%v\t%d\t%s\t%s\n", d.Device, d.Claimed, d.LastFence, dash(d.LastOpID), dash(string(d.State)))
+			fmt.Fprintf(tw, "  %s\t%v\t%d\t%s\t%s\t%s\n", d.Device, d.Claimed, d.LastFence, held(d.HeldWrites), dash(d.LastOpID), dash(string(d.State)))
 		}
 		tw.Flush()
 	}

@@ -157,12 +157,22 @@ type DeviceState struct {
 	LastOpID  string          `json:"last_op_id"`
 	State     json.RawMessage `json:"state"`
 	At        time.Time       `json:"at"`
+	// HeldWrites (extension, docs/protocol.md §1): the device's writes
+	// whose outcome is unknown now (recorded unknown, not yet final),
+	// each holding the device (or its group) until the device answers
+	// or an operator resolves it; omitted when none.
+	HeldWrites int `json:"held_writes,omitempty"`
 }
 
 // GatewayStatus is the retained payload of the status topic.
 type GatewayStatus struct {
 	State   string `json:"state"`
 	Version string `json:"version,omitempty"`
+	// Extensions (docs/protocol.md §1, §8): the publishing agent's role,
+	// "single" or "active" (a standby has no broker session, so never
+	// publishes), and its host; absent from agents before them.
+	Role string `json:"role,omitempty"`
+	Host string `json:"host,omitempty"`
 }
 
 // DeviceInfo is one row of the admin API's GET /v1/devices.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,7 +133,7 @@ func TestAgentMessagesValidate(t *testing.T) {
 	fw := sim.StartForTest(t, map[string]string{
 		"pump-1": "pump", "pump-lock": "pump", "slow": "generic", "drop": "generic",
 		"flaky": "generic", "pump-pol": "pump", "pump-perr": "pump",
-		"pump-clamp": "pump",
+		"pump-clamp": "pump", "held": "generic",
 	})
 	plugins := t.TempDir()
 	buildRangeLimit(t, plugins)
@@ -148,7 +149,7 @@ mqtt:
   broker: %s
   client_id: schema-agent
 admin:
-  listen: ""
+  listen: 127.0.0.1:0
 plugins:
   dir: %s
 devices:
@@ -158,6 +159,7 @@ devices:
   - {id: drop, type: generic, driver: %s}
   - {id: flaky, type: generic, driver: %s}
   - {id: gone, type: generic, driver: {url: %s}}
+  - {id: held, type: generic, driver: {url: %s, queryable: false, resolve_settle: 0s}}
   - id: pump-pol
     type: pump
     driver: %s
@@ -171,7 +173,7 @@ devices:
     driver: %s
     policy: {plugin: range-limit, config: {param: rpm, max: 3000, clamp: true}, %s}}
 `, gw, filepath.Join(dir, "data"), broker.URL(), plugins,
-		drv(""), drv(""), fw.URL(), drv(""), drv(", resends: 0"), closedPortURL(t),
+		drv(""), drv(""), fw.URL(), drv(""), drv(", resends: 0"), closedPortURL(t), fw.URL(),
 		drv(""), limits, drv(""), limits, drv(""), limits)
 	cfgPath := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfgText), 0o600); err != nil {
@@ -360,6 +362,37 @@ devices:
 	await("drop-1", wire.CodeOutcomeUnknown, false)
 	setFaults(sim.Faults{})
 	await("drop-1", wire.CodeOK, false)
+	// held for an operator: held's firmware applies the write and drops
+	// the response, held cannot be asked; its DeviceState counts the
+	// held write (held_writes 1) until the operator's resolve ends it.
+	setFaults(sim.Faults{Device: "held", DropResponseRate: 1})
+	cmd("held", "held-1", 1, "set", `{"x":1}`, nil)
+	await("held-1", wire.CodeOutcomeUnknown, false)
+	setFaults(sim.Faults{})
+	heldStates := func() []int {
+		var n []int
+		for _, m := range got.all() {
+			var ds wire.DeviceState
+			if m.Topic == wire.StateTopic(wire.DefaultPrefix, gw, "held") && json.Unmarshal(m.Payload, &ds) == nil {
+				n = append(n, ds.HeldWrites)
+			}
+		}
+		return n
+	}
+	waitFor(t, 10*time.Second, "held's state with held_writes 1", func() bool { return slices.Contains(heldStates(), 1) })
+	resp, err := http.Post("http://"+a.AdminAddr()+"/v1/devices/held/ops/held-1/resolve", "application/json", strings.NewReader(`{"applied":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("resolve held-1: %s", resp.Status)
+	}
+	await("held-1", wire.CodeOK, false)
+	waitFor(t, 10*time.Second, "held's state without held writes after the resolve", func() bool {
+		n := heldStates()
+		return n[len(n)-1] == 0
+	})
 	// not_applied: every apply is a 503 (not applied), the agent's query
 	// tombstones the key, and with driver.resends 0 it is not sent again.
 	setFaults(sim.Faults{Device: "flaky", ErrorRate: 1})
@@ -466,6 +499,17 @@ devices:
 	// written; online and offline.
 	if counts["result"] < 27 || counts["deviceState"] < 6 || counts["status"] < 2 {
 		t.Errorf("too few messages captured: %v", counts)
+	}
+	// The status names the role and host (extensions).
+	var role, host string
+	for _, m := range got.all() {
+		var st wire.GatewayStatus
+		if m.Topic == wire.StatusTopic(wire.DefaultPrefix, gw) && json.Unmarshal(m.Payload, &st) == nil {
+			role, host = st.Role, st.Host
+		}
+	}
+	if role != "single" || host == "" {
+		t.Errorf("the status's role %q, host %q: want single and the host name", role, host)
 	}
 	for _, c := range sent {
 		err := check(s["command"], c.payload)

@@ -146,6 +146,8 @@ func TestBrokenMessagesDoNotValidate(t *testing.T) {
 	}{
 		{"result", okResult}, {"deviceState", okState}, {"command", okCommand}, {"status", okStatus},
 		{"command", `{"op_id":"op-1","fence":9223372036854775807,"action":"fence"}`},
+		{"deviceState", `{"device":"pump-7","last_fence":742,"last_op_id":"op-1","state":{"rpm":1200},"at":"2026-11-30T10:00:00Z","held_writes":1}`},
+		{"status", `{"state":"online","version":"dev","role":"active","host":"gw-01"}`},
 		{"result", strings.Replace(okResult, `"output":{"rpm":1200}`, `"output":{"rpm":1200},"rewritten_params":{"rpm":1200}`, 1)},
 		{"result", `{"v":1,"device":"bad device!","status":"rejected","code":"invalid","reason":"x","last_fence":0,"duplicate":false,"at":"2026-11-30T10:00:00Z"}`},
 	} {
@@ -204,6 +206,8 @@ func TestBrokenMessagesDoNotValidate(t *testing.T) {
 		{"DeviceState without last_fence", "deviceState", mutate(okState, del("last_fence"))},
 		{"DeviceState state not an object", "deviceState", mutate(okState, set("state", "on"))},
 		{"DeviceState negative last_fence", "deviceState", mutate(okState, set("last_fence", -1))},
+		{"DeviceState negative held_writes", "deviceState", mutate(okState, set("held_writes", -1))},
+		{"DeviceState held_writes a string", "deviceState", mutate(okState, set("held_writes", "1"))},
 		{"Command without op_id", "command", mutate(okCommand, del("op_id"))},
 		{"Command without fence", "command", mutate(okCommand, del("fence"))},
 		{"Command without action", "command", mutate(okCommand, del("action"))},
@@ -222,6 +226,8 @@ func TestBrokenMessagesDoNotValidate(t *testing.T) {
 		{"Command not an object", "command", `[1]`},
 		{"status other state", "status", mutate(okStatus, set("state", "away"))},
 		{"status without version", "status", mutate(okStatus, del("version"))},
+		{"status role standby", "status", mutate(okStatus, set("role", "standby"))},
+		{"status host a number", "status", mutate(okStatus, set("host", 1))},
 	} {
 		if err := check(s[c.schema], []byte(c.doc)); err == nil {
 			t.Errorf("%s: %s validates against the %s schema", c.name, c.doc, c.schema)

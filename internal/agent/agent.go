@@ -181,6 +181,15 @@ type devRT struct {
 	held atomic.Pointer[string]
 	outc [maxCodes]atomic.Pointer[prometheus.Counter] // metrics.byDevice
 
+	// unknown counts the device's writes recorded unknown now (the
+	// device's share of Agent.held: its DeviceState's held_writes).
+	unknown atomic.Int32
+	// stateMu orders the device's DeviceStates: each is built (with
+	// held_writes as it is then) and handed to the publisher under it,
+	// so the latest one handed over carries the latest count.
+	stateMu sync.Mutex
+	pubHeld int32 // held_writes of the last DeviceState handed over (under stateMu)
+
 	// wrote is when the last write to the device ended (settle.go).
 	wrote atomic.Pointer[time.Time]
 	// contact is the device's last try (contact.go); nil before any.
@@ -427,15 +436,46 @@ func resultJSON(r wire.Result) []byte {
 }
 
 // publishState publishes a device's retained DeviceState (after the commit
-// that changed it).
+// that changed it), with held_writes as it is now.
 func (a *Agent) publishState(dev string, d store.Device) {
 	st := d.State
 	if len(st) == 0 {
 		st = json.RawMessage("{}")
 	}
 	ds := wire.DeviceState{Device: dev, LastFence: d.LastFence, LastOpID: d.LastOpID, State: st, At: a.now().UTC()}
+	rt := a.devs[dev]
+	if rt != nil {
+		rt.stateMu.Lock()
+		defer rt.stateMu.Unlock()
+		ds.HeldWrites = int(rt.unknown.Load())
+		rt.pubHeld = int32(ds.HeldWrites)
+	}
 	a.pub.push(pubItem{topic: wire.StateTopic(a.cfg.TopicPrefix, a.cfg.GatewayID, dev),
 		payload: stateJSON(ds), dev: dev, retained: true})
+}
+
+// heldBy counts a write of rt's device entering (n = 1) or leaving (-1)
+// unknown: the gateway's count (edge_agent_writes_held_unknown) and the
+// device's (its DeviceState's held_writes). rt is nil for a device no
+// longer configured. Called from the commit's hooks.
+func (a *Agent) heldBy(rt *devRT, n int32) {
+	a.held.Add(int64(n))
+	if rt != nil {
+		rt.unknown.Add(n)
+	}
+}
+
+// heldChanged publishes dev's DeviceState (d: its record as committed)
+// when its held_writes differs from the last one handed to the
+// publisher: a write became unknown, or stopped being unknown, without
+// the device's record changing.
+func (a *Agent) heldChanged(rt *devRT, dev string, d store.Device) {
+	rt.stateMu.Lock()
+	changed := rt.unknown.Load() != rt.pubHeld
+	rt.stateMu.Unlock()
+	if changed {
+		a.publishState(dev, d)
+	}
 }
 
 func stateJSON(ds wire.DeviceState) []byte {

@@ -35,10 +35,13 @@ func (a *Agent) recover(ctx context.Context) error {
 	var entries []entry
 	var orphans []store.Op // queued commands of devices no longer configured
 	var lost []string      // unresolved writes of devices no longer configured
+	// known is the configured devices' records.
+	known := map[string]store.Device{}
 	err := a.st.View(func(tx *store.Tx) error {
 		if err := tx.Devices(func(dev string, d store.Device) error {
 			if rt := a.devs[dev]; rt != nil {
 				rt.lastFence.Store(d.LastFence)
+				known[dev] = d
 			}
 			return nil
 		}); err != nil {
@@ -65,7 +68,7 @@ func (a *Agent) recover(ctx context.Context) error {
 				st = o.Status
 			}
 			if st == store.OpUnknown {
-				a.held.Add(1)
+				a.heldBy(a.devs[e.Device], 1)
 			}
 			it := item{InboxEntry: e}
 			entries = append(entries, entry{it, st})
@@ -87,6 +90,13 @@ func (a *Agent) recover(ctx context.Context) error {
 	}
 	if err := a.dropOrphans(ctx, orphans); err != nil {
 		return fmt.Errorf("agent: recovery: %w", err)
+	}
+	// A device that holds unknown writes says so again in its DeviceState
+	// (the retained one may predate them: a crash before its publish).
+	for _, dev := range a.DeviceIDs() {
+		if rt := a.devs[dev]; rt.unknown.Load() > 0 {
+			a.heldChanged(rt, dev, known[dev])
+		}
 	}
 	unresolved := func(e entry) bool { return e.status == store.OpPending || e.status == store.OpUnknown }
 	for _, e := range entries {

@@ -478,7 +478,7 @@ func (w *worker) pend(rt *devRT, o *store.Op, raise bool) (stale *Decision, err 
 			return err
 		}
 		if wasUnknown {
-			tx.OnCommit(func() { a.held.Add(-1) })
+			tx.OnCommit(func() { a.heldBy(rt, -1) })
 		}
 		return tx.PutOp(*o)
 	})
@@ -486,6 +486,7 @@ func (w *worker) pend(rt *devRT, o *store.Op, raise bool) (stale *Decision, err 
 		return stale, err
 	}
 	a.fenceKnown(rt, o.Device, d)
+	a.heldChanged(rt, o.Device, d) // no longer unknown: held_writes falls
 	return nil, nil
 }
 
@@ -563,10 +564,15 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 	o.Status, o.WasUnknown, o.UnknownSent = store.OpUnknown, true, true
 	o.Result, o.Code, o.Reason, o.DecidedAt = wire.StatusUnknown, wire.CodeOutcomeUnknown, reason, a.now().UTC()
 	rt := a.devs[o.Device]
+	var d store.Device
 	err := a.st.Update(context.Background(), func(tx *store.Tx) error {
 		// Counted before the unknown Result is handed to the publisher
 		// (the hooks run in order), so whoever sees it sees the count.
-		tx.OnCommit(func() { a.held.Add(1) })
+		tx.OnCommit(func() { a.heldBy(rt, 1) })
+		var err error
+		if d, _, err = tx.Device(o.Device); err != nil {
+			return err
+		}
 		if !first {
 			return tx.PutOp(*o)
 		}
@@ -575,6 +581,8 @@ func (w *worker) markUnknown(o *store.Op, reason string) error {
 	if err != nil {
 		return err
 	}
+	// After the unknown Result: the DeviceState says the device holds it.
+	a.heldChanged(rt, o.Device, d)
 	if first {
 		a.m.unknowns.Inc()
 		a.observe(&outcome{dev: o.Device, opID: o.OpID, fence: o.Fence, action: o.Action, holder: o.Holder,
@@ -684,6 +692,8 @@ func (a *Agent) ended(rt *devRT, o *store.Op, dec Decision, d store.Device, move
 		code: dec.Code, reason: dec.Reason, took: a.now().Sub(o.ReceivedAt), rewritten: rewrittenOf(o)})
 	if moved {
 		a.publishState(o.Device, d)
+	} else {
+		a.heldChanged(rt, o.Device, d) // an unknown write ended: held_writes falls
 	}
 }
 
@@ -708,7 +718,7 @@ func (a *Agent) endTx(tx *store.Tx, o *store.Op, dec *Decision, state json.RawMe
 	if o.Status == store.OpUnknown {
 		// No longer held: counted before the final Result is handed to
 		// the publisher (the hooks run in order).
-		tx.OnCommit(func() { a.held.Add(-1) })
+		tx.OnCommit(func() { a.heldBy(a.devs[o.Device], -1) })
 	}
 	now := a.now().UTC()
 	if d, _, err = tx.Device(o.Device); err != nil {

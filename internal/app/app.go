@@ -208,11 +208,19 @@ func (a *App) Start(ctx context.Context) (err error) {
 	}
 	a.watchFailures()
 	statusTopic := wire.StatusTopic(cfg.MQTT.TopicPrefix, cfg.GatewayID)
-	online, err := json.Marshal(wire.GatewayStatus{State: "online", Version: a.o.Version})
+	// Only an agent that serves connects: single, or active (a standby
+	// has no broker session). With ha the role is active whenever the
+	// session is up (onRole closes it on a stand-down).
+	role := fencemem.RoleSingle
+	if cfg.HA.Enabled {
+		role = fencemem.RoleActive
+	}
+	host, _ := os.Hostname()
+	online, err := json.Marshal(wire.GatewayStatus{State: "online", Version: a.o.Version, Role: role, Host: host})
 	if err != nil {
 		return err
 	}
-	offline, err := json.Marshal(wire.GatewayStatus{State: "offline", Version: a.o.Version})
+	offline, err := json.Marshal(wire.GatewayStatus{State: "offline", Version: a.o.Version, Role: role, Host: host})
 	if err != nil {
 		return err
 	}
@@ -222,12 +230,14 @@ func (a *App) Start(ctx context.Context) (err error) {
 		TLS:           tlsOpts,
 		Subscriptions: []string{wire.CmdFilter(cfg.MQTT.TopicPrefix, cfg.GatewayID)},
 		Handler: func(m *mqtt.Message) {
-			if !a.fm.Proven() {
+			if cfg.HA.Enabled && !a.fm.Proven() {
 				// A deposed active (ha) woken from a pause reconnects
 				// before it stands down: what the broker delivers it
 				// then is neither taken nor acknowledged, so the broker
 				// gives it to the session's next holder, the active
-				// (docs/protocol.md §8; invariant 4).
+				// (docs/protocol.md §8; invariant 4). Without ha the
+				// session stays, and what comes while the session is not
+				// proven is answered fence_unconfirmed (fencemem's lapse).
 				a.log.Warn("ha: a command is not taken while the session is not proven alive; the broker keeps it for the active", "topic", m.Topic)
 				return
 			}
@@ -235,6 +245,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		},
 		WillTopic: statusTopic, WillPayload: offline, OnlinePayload: online, OfflinePayload: offline,
 		Logger: a.log,
+	}
+	if cfg.HA.Enabled {
+		// A paused active, woken, must not take the gateway's broker
+		// session back from the agent that took over before it has
+		// noticed it is deposed: no connection, reconnects included,
+		// while the session is not proven alive (docs/protocol.md §8).
+		a.mqttOpts.MayConnect = a.fm.Proven
 	}
 	mc, err := mqtt.New(a.mqttOpts)
 	if err != nil {

@@ -114,6 +114,9 @@ type Memory struct {
 	// everActive: the gateway checked in once (without ha, Proven is true
 	// before that).
 	everActive bool
+	// announced is the lease of the session whose standby key is put
+	// (announceStandby), 0 when none.
+	announced clientv3.LeaseID
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -421,14 +424,18 @@ func (m *Memory) key(parts ...string) string {
 	return m.o.Etcd.Prefix + "/" + strings.Join(parts, "/")
 }
 
-// registration is {cp}/gateways/{gw}.
+// registration is {cp}/gateways/{gw}; a standby's {cp}/standbys/{gw}/{lease}
+// is the same without store_id.
 type registration struct {
 	Gateway   string    `json:"gateway"`
 	Host      string    `json:"host"`
 	PID       int       `json:"pid"`
 	Version   string    `json:"version"`
-	StoreID   string    `json:"store_id"`
+	StoreID   string    `json:"store_id,omitempty"`
 	StartedAt time.Time `json:"started_at"`
+	// Role (extension, docs/protocol.md §8): "single" without ha, else
+	// "active" (in {cp}/gateways/{gw}) or "standby" (in {cp}/standbys/).
+	Role string `json:"role,omitempty"`
 }
 
 // storeRecord is {cp}/stores/{gw}: the store that last checked in as the
@@ -497,7 +504,10 @@ func (m *Memory) checkIn(ctx context.Context) error {
 func (m *Memory) register(ctx context.Context, sess *concurrency.Session) error {
 	host, _ := os.Hostname()
 	reg := registration{Gateway: m.o.Gateway, Host: host, PID: os.Getpid(), Version: m.o.Version,
-		StoreID: m.identity().StoreID, StartedAt: m.o.Now().UTC()}
+		StoreID: m.identity().StoreID, StartedAt: m.o.Now().UTC(), Role: RoleSingle}
+	if m.o.HA {
+		reg.Role = RoleActive
+	}
 	b, _ := json.Marshal(reg)
 	deadline := time.Now().Add(m.o.Etcd.SessionTTL.D() + time.Second)
 	gwDeadline := deadline
@@ -515,9 +525,13 @@ func (m *Memory) register(ctx context.Context, sess *concurrency.Session) error 
 			m.waited = true
 			m.mu.Unlock()
 			m.standbyOf(cur)
+			m.announceStandby(ctx, sess, reg)
 		}
 		return false
 	})
+	if m.o.HA {
+		m.unannounceStandby(ctx, sess)
+	}
 	if err != nil {
 		return err
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -266,5 +268,48 @@ func (m *Memory) startHA(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-time.After(m.o.Retry):
 		}
+	}
+}
+
+// standbyKey is a waiting standby's {cp}/standbys/{gw}/{lease} (extension,
+// docs/protocol.md §8): under its session, so it goes with the standby.
+func (m *Memory) standbyKey(sess *concurrency.Session) string {
+	return m.key("standbys", m.o.Gateway, fmt.Sprintf("%x", int64(sess.Lease())))
+}
+
+// announceStandby puts the standby's key (reg as a standby's) under sess,
+// once per session, so `edgectl fleet` can show the pair. Best effort: a
+// standby that cannot write it still waits and takes over.
+func (m *Memory) announceStandby(ctx context.Context, sess *concurrency.Session, reg registration) {
+	m.mu.Lock()
+	done := m.announced == sess.Lease()
+	m.announced = sess.Lease()
+	m.mu.Unlock()
+	if done {
+		return
+	}
+	reg.Role, reg.StoreID = RoleStandby, ""
+	b, _ := json.Marshal(reg)
+	cctx, cancel := context.WithTimeout(ctx, m.o.Etcd.DialTimeout.D())
+	defer cancel()
+	if _, err := m.cli.Put(cctx, m.standbyKey(sess), string(b), clientv3.WithLease(sess.Lease())); err != nil {
+		m.log.Warn("ha: cannot announce this standby in etcd", "key", m.standbyKey(sess), "err", err)
+	}
+}
+
+// unannounceStandby deletes the standby's key once the wait is over (it
+// holds the registration now, or gives up), in the same session.
+func (m *Memory) unannounceStandby(ctx context.Context, sess *concurrency.Session) {
+	m.mu.Lock()
+	was := m.announced == sess.Lease()
+	m.announced = 0
+	m.mu.Unlock()
+	if !was {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.Etcd.DialTimeout.D())
+	defer cancel()
+	if _, err := m.cli.Delete(cctx, m.standbyKey(sess)); err != nil {
+		m.log.Warn("ha: cannot remove this agent's standby key from etcd (it goes with the session)", "key", m.standbyKey(sess), "err", err)
 	}
 }

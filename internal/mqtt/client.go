@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -123,7 +124,18 @@ type Options struct {
 	CloseTimeout time.Duration
 	// Logger receives connection events. Nil means no logging.
 	Logger *slog.Logger
+	// MayConnect, when set, is asked before every connection attempt,
+	// paho's reconnects included: while it returns false no connection is
+	// opened (the attempt fails and is retried with backoff). A standby
+	// pair's active that was paused (docs/protocol.md §8) must not, once
+	// it wakes, connect with the gateway's client ID and so take the
+	// broker session from the agent that took over. Nil: always.
+	MayConnect func() bool
 }
+
+// ErrMayNotConnect fails a connection attempt that Options.MayConnect
+// refused.
+var ErrMayNotConnect = errors.New("mqtt: not connecting: Options.MayConnect refused (ha: the session is not proven alive)")
 
 // Client is one persistent MQTT session. Create it with New, then Start
 // it once; Close it when done. Its methods are safe for concurrent use.
@@ -373,23 +385,27 @@ func (c *Client) Start(ctx context.Context) error {
 
 	backoff := minBackoff
 	for attempt := 1; ; attempt++ {
-		tok := c.pc.Connect()
-		select {
-		case <-tok.Done():
-		case <-ctx.Done():
-			return fmt.Errorf("mqtt: connect to %s: %w", c.brokerList(), ctx.Err())
-		case <-c.ctx.Done():
-			return ErrClosed
-		}
-		err := tok.Error()
-		if err == nil {
-			break
-		}
-		if ct, ok := tok.(*paho.ConnectToken); ok {
-			switch ct.ReturnCode() {
-			case packets.ErrRefusedIDRejected, packets.ErrRefusedBadUsernameOrPassword, packets.ErrRefusedNotAuthorised:
-				return fmt.Errorf("%w: %s: %v", ErrRefused, c.Broker(), err)
+		var err error
+		if c.mayConnect() {
+			tok := c.pc.Connect()
+			select {
+			case <-tok.Done():
+			case <-ctx.Done():
+				return fmt.Errorf("mqtt: connect to %s: %w", c.brokerList(), ctx.Err())
+			case <-c.ctx.Done():
+				return ErrClosed
 			}
+			if err = tok.Error(); err == nil {
+				break
+			}
+			if ct, ok := tok.(*paho.ConnectToken); ok {
+				switch ct.ReturnCode() {
+				case packets.ErrRefusedIDRejected, packets.ErrRefusedBadUsernameOrPassword, packets.ErrRefusedNotAuthorised:
+					return fmt.Errorf("%w: %s: %v", ErrRefused, c.Broker(), err)
+				}
+			}
+		} else {
+			err = ErrMayNotConnect
 		}
 		c.log.Warn("mqtt: connect failed, retrying", "broker", c.brokerList(), "attempt", attempt, "retry_in", backoff, "error", err)
 		t := time.NewTimer(backoff)
@@ -417,6 +433,9 @@ func (c *Client) Start(ctx context.Context) error {
 
 func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 	po := paho.NewClientOptions()
+	// opener is the attempts' opener (nil: paho's own), which a reconnect
+	// MayConnect refused swaps for refuseConnection.
+	var opener paho.OpenConnectionFunc
 	buffer := true
 	for _, b := range c.o.Brokers {
 		po.AddBroker(b)
@@ -444,8 +463,17 @@ func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 		SetDefaultPublishHandler(c.onMessage).
 		SetOnConnectHandler(c.onConnect).
 		SetConnectionLostHandler(c.onConnectionLost).
-		SetReconnectingHandler(func(paho.Client, *paho.ClientOptions) {
+		SetReconnectingHandler(func(_ paho.Client, po *paho.ClientOptions) {
 			c.log.Debug("mqtt: reconnecting", "brokers", c.brokerList())
+			// paho calls this on its reconnect goroutine right before
+			// each attempt, with its own options: the opener chosen
+			// here is the one this attempt uses.
+			if c.mayConnect() {
+				po.CustomOpenConnectionFn = opener
+			} else {
+				c.log.Info("mqtt: not reconnecting while MayConnect refuses (ha: the session is not proven alive)", "brokers", c.brokerList())
+				po.CustomOpenConnectionFn = refuseConnection
+			}
 		}).
 		SetConnectionNotificationHandler(func(_ paho.Client, n paho.ConnectionNotification) {
 			switch n := n.(type) {
@@ -465,10 +493,24 @@ func (c *Client) pahoOptions(tlsCfg *tls.Config) *paho.ClientOptions {
 	if buffer {
 		// conn.go: fewer system calls. paho has one opener for every
 		// broker, so only when all of them are tcp:// or mqtt://.
+		opener = OpenConnection
 		po.SetCustomOpenConnectionFn(OpenConnection)
 	}
 	return po
 }
+
+// mayConnect is Options.MayConnect's answer (true without one); false
+// once Close was called, so a reconnect paho has under way when Close
+// runs does not connect.
+func (c *Client) mayConnect() bool {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	return !closed && (c.o.MayConnect == nil || c.o.MayConnect())
+}
+
+// refuseConnection is the opener of a reconnect that MayConnect refused.
+func refuseConnection(*url.URL, paho.ClientOptions) (net.Conn, error) { return nil, ErrMayNotConnect }
 
 // watchesStatus reports whether the client subscribes to its own status
 // topic to repair it (see Options.OnlinePayload).
@@ -826,6 +868,13 @@ func (c *Client) Close() error {
 		}
 	}
 	quiesce := max(time.Until(deadline), 100*time.Millisecond)
+	if !pc.IsConnectionOpen() {
+		// Nothing to flush. paho's Disconnect during a reconnect waits
+		// for the attempt's backoff, up to the whole quiesce: a deposed
+		// active's stand-down (its reconnects refused by MayConnect)
+		// waited CloseTimeout before it could take over again.
+		quiesce = 100 * time.Millisecond
+	}
 	pc.Disconnect(uint(quiesce.Milliseconds()))
 	c.wg.Wait()
 	c.log.Info("mqtt: closed", "broker", c.Broker())

@@ -2,8 +2,9 @@
 // campaign (cmd/edge-chaos) and the benchmarks (cmd/edge-bench) run real
 // processes and networks with, without a testing.TB: a process started
 // and stopped only by its PID (Start, Proc), a free loopback port
-// (FreePort, FreeAddr), a TCP fault proxy (Proxy, on toxiproxy) and a
-// polling wait (WaitFor).
+// (FreePort, FreeAddr), a TCP fault proxy (Proxy, on toxiproxy), a
+// polling wait (WaitFor) and a NATS server cluster with JetStream and MQTT
+// (StartNATS, NATSConf), the broker cluster of docs/protocol.md §9.
 package rig
 
 import (

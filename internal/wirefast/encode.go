@@ -79,6 +79,10 @@ func MarshalDeviceState(s wire.DeviceState) ([]byte, error) {
 	}
 	b = append(b, `,"at":`...)
 	b, ok = appendTime(b, s.At, ok)
+	if s.HeldWrites != 0 {
+		b = append(b, `,"held_writes":`...)
+		b = strconv.AppendInt(b, int64(s.HeldWrites), 10)
+	}
 	if !ok {
 		return json.Marshal(s)
 	}

@@ -16,6 +16,9 @@ func sameAsJSON(t *testing.T, r wire.Result) {
 		t.Fatalf("MarshalResult(%+v)\n got %s %v\nwant %s %v", r, got, gerr, want, werr)
 	}
 	s := wire.DeviceState{Device: r.Device, LastFence: r.LastFence, LastOpID: r.OpID, State: r.Output, At: r.At}
+	if r.Duplicate {
+		s.HeldWrites = int(r.Fence % 3) // 0, 1, 2, and negative from the fuzzer
+	}
 	want, werr = json.Marshal(s)
 	got, gerr = MarshalDeviceState(s)
 	if string(got) != string(want) || (werr == nil) != (gerr == nil) {
@@ -43,6 +46,8 @@ func TestEncodersMatchJSON(t *testing.T) {
 		func(r *wire.Result) { r.At = at.In(time.FixedZone("LMT", 5*3600+7)) },
 		func(r *wire.Result) { r.Duplicate, r.LastFence, r.Fence, r.V = true, -1, -9, 0 },
 		func(r *wire.Result) { r.Device = "" },
+		func(r *wire.Result) { r.Duplicate, r.Fence = true, 7 }, // a DeviceState with held_writes 1
+		func(r *wire.Result) { r.Duplicate, r.Fence = true, 5 }, // 2
 		func(r *wire.Result) {
 			r.Code, r.Output, r.PayloadSHA256 = wire.CodeUnauthorized, nil, wire.PayloadDigest([]byte("x"))
 		},

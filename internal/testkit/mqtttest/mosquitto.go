@@ -6,6 +6,9 @@
 //   - StartEmbedded: the agent's embedded broker (mqtt.Embedded), with the
 //     same Stop, Restart and Wipe; both satisfy Broker, so a test can run
 //     against each.
+//   - StartNATS: a 3-node NATS cluster (rig.StartNATS: JetStream, routes
+//     and the MQTT listener on each node) with Kill and Restart of a node
+//     (same ports, same store), the broker cluster of docs/protocol.md §9.
 //   - Subscribe / Await / AwaitPayload: a throwaway subscriber whose
 //     messages a test waits for with a deadline.
 //   - Publish: a one-shot QoS 1 publish.
