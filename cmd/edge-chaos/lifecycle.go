@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -326,38 +327,53 @@ func (c *campaign) runClone(f fault, real *rig.Proc) string {
 // each agent's, as it serves (a standby does not answer): its floors
 // raise the device's last_fence in the checker's model as the single
 // agent's do.
+//
+// Each agent is polled on its own goroutine: a paused agent (ha_pause)
+// makes every request to it wait for its timeout, which must not keep the
+// other agent's floors from being seen.
 func (c *campaign) floorWatch(stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	for _, a := range c.w.agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.floorWatchOf(a, stop)
+		}()
+	}
+	wg.Wait()
+}
+
+// floorWatchOf is floorWatch for one agent.
+func (c *campaign) floorWatchOf(a *agentSup, stop <-chan struct{}) {
 	w := c.w
 	last := map[string]int64{}
 	seen := map[string]int64{}
-	recorded := map[string]bool{} // agent/dev/op_id of each floor recorded
+	recorded := map[string]bool{} // dev/op_id of each floor recorded
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
-		for _, a := range w.agents {
-			for _, d := range c.o.devices {
-				info, ok := a.device(d.ID)
-				floor := info.FenceFloor
-				now := time.Now().UnixNano()
-				if !ok {
-					continue
-				}
-				k := a.name + "/" + d.ID
-				if floor != last[k] {
-					if fl, ok := a.floorsInHistory(d.ID); ok {
-						for _, f := range fl {
-							if rk := k + "/" + f.op; !recorded[rk] {
-								recorded[rk] = true
-								w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(f.floor, f.at))
-							}
-						}
-					} else {
-						w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[k]))
-					}
-					last[k] = floor
-				}
-				seen[k] = now
+		for _, d := range c.o.devices {
+			info, ok := a.device(d.ID)
+			floor := info.FenceFloor
+			now := time.Now().UnixNano()
+			if !ok {
+				continue
 			}
+			k := d.ID
+			if floor != last[k] {
+				if fl, ok := a.floorsInHistory(d.ID); ok {
+					for _, f := range fl {
+						if rk := k + "/" + f.op; !recorded[rk] {
+							recorded[rk] = true
+							w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(f.floor, f.at))
+						}
+					}
+				} else {
+					w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[k]))
+				}
+				last[k] = floor
+			}
+			seen[k] = now
 		}
 		select {
 		case <-stop:
