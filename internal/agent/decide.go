@@ -182,6 +182,13 @@ func Check(r DeviceRules, o *store.Op, d store.Device, now time.Time) Decision {
 		// Invariant 7: until the floor is taken, last_fence may be below
 		// a fence this gateway once accepted, so no fence can be judged.
 		return end(wire.CodeFenceUnconfirmed, "gateway cannot yet confirm it remembers %s's fences (its fence floor from etcd is not taken); retry later with backoff", o.Device)
+	case o.Fence < d.LastFence && queuedBeforeFloor(o, d):
+		// Invariants 1 and 8: below the floor, so never sent; but its
+		// outcome may be in another store (the other agent of a pair
+		// after a takeover, the original of a restored store), so no
+		// final answer here: not recorded, and a resend is judged
+		// against the floor.
+		return end(wire.CodeFenceUnconfirmed, "fence %d is below %s's fence floor (last_fence %d), taken after this command was queued: another store may hold its outcome; send it again to have it judged", o.Fence, o.Device, d.LastFence)
 	case o.Fence < d.LastFence:
 		// Invariant 1: a fence below last_fence never reaches the device.
 		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d", o.Fence, o.Device, d.LastFence)
@@ -298,8 +305,12 @@ func AfterReadBack(o *store.Op, rb device.ReadBack) Decision {
 // record o's pending write or its barrier or policy outcome: a fence floor
 // taken since the worker read the device's record (docs/protocol.md §7)
 // may have raised last_fence above o's fence. ok is false then, and dec is
-// stale_fence (invariants 1 and 7).
+// stale_fence (invariants 1 and 7), or fence_unconfirmed when o was queued
+// before that floor (as in Check: its outcome may be in another store).
 func Refloored(o *store.Op, d store.Device) (dec Decision, ok bool) {
+	if o.Fence < d.LastFence && queuedBeforeFloor(o, d) {
+		return end(wire.CodeFenceUnconfirmed, "fence %d is below %s's fence floor (last_fence %d), taken after this command was queued: another store may hold its outcome; send it again to have it judged", o.Fence, o.Device, d.LastFence), false
+	}
 	if o.Fence < d.LastFence {
 		return end(wire.CodeStaleFence, "fence %d is below %s's last_fence %d (raised by a fence floor while the command was being checked)", o.Fence, o.Device, d.LastFence), false
 	}
@@ -340,3 +351,9 @@ func expired(o *store.Op, now time.Time) bool {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// queuedBeforeFloor reports whether o was queued in this store before d's
+// last fence floor was taken (store.Device.FloorSeq).
+func queuedBeforeFloor(o *store.Op, d store.Device) bool {
+	return o.InboxSeq != 0 && o.InboxSeq <= d.FloorSeq
+}

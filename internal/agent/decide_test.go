@@ -116,6 +116,10 @@ func TestCheckOrder(t *testing.T) {
 		{"fence_unconfirmed before stale_fence", DeviceRules{Unconfirmed: true}, op(func(o *store.Op) { o.Fence = 4 }), 5, StepEnd, wire.CodeFenceUnconfirmed, false, "cannot yet confirm"},
 		{"fence_unconfirmed for a barrier too", DeviceRules{Unconfirmed: true}, op(func(o *store.Op) { o.Action = wire.ActionFence }), 5, StepEnd, wire.CodeFenceUnconfirmed, false, ""},
 		{"stale_fence", locked, op(func(o *store.Op) { o.Fence = 4 }), 5, StepEnd, wire.CodeStaleFence, false, "fence 4 is below pump-7's last_fence 5"},
+		{"stale_fence queued after the floor", locked, op(func(o *store.Op) { o.Fence, o.InboxSeq = 4, 101 }), 5, StepEnd, wire.CodeStaleFence, false, "fence 4 is below"},
+		{"below a floor taken after it was queued: fence_unconfirmed, not final (invariant 8)", locked,
+			op(func(o *store.Op) { o.Fence, o.InboxSeq = 4, 100 }), 5, StepEnd, wire.CodeFenceUnconfirmed, false, "taken after this command was queued"},
+		{"queued before a floor but not below it: sent", locked, op(func(o *store.Op) { o.InboxSeq = 7 }), 5, StepSend, "", true, ""},
 		{"stale barrier", locked, op(func(o *store.Op) { o.Fence, o.Action = 4, wire.ActionFence }), 5, StepEnd, wire.CodeStaleFence, false, ""},
 		{"equal fence is allowed", locked, op(func(o *store.Op) { o.Fence = 5 }), 5, StepSend, "", true, ""},
 		{"barrier is applied and raises, skipping the policy", DeviceRules{Lock: "locks/pump-7", Policy: true},
@@ -126,7 +130,7 @@ func TestCheckOrder(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := Check(tt.rules, tt.o, store.Device{LastFence: tt.last}, t0)
+			d := Check(tt.rules, tt.o, store.Device{LastFence: tt.last, FloorSeq: 100}, t0)
 			if d.Step != tt.want || d.Code != tt.code || d.Raise != tt.raise || !strings.Contains(d.Reason, tt.reason) {
 				t.Fatalf("Check = %+v, want step %v code %q raise %v reason ~%q", d, tt.want, tt.code, tt.raise, tt.reason)
 			}
@@ -334,6 +338,13 @@ func TestRefloored(t *testing.T) {
 	}
 	if _, ok := Refloored(o, store.Device{LastFence: 10}); !ok {
 		t.Fatal("an equal fence passes")
+	}
+	q := &store.Op{Device: "pump-7", Fence: 10, InboxSeq: 3}
+	if d, ok := Refloored(q, store.Device{LastFence: 11, FloorSeq: 3}); ok || d.Code != wire.CodeFenceUnconfirmed || d.Recorded() {
+		t.Fatalf("queued before the floor that raised last_fence: %v %+v", ok, d)
+	}
+	if d, ok := Refloored(q, store.Device{LastFence: 11, FloorSeq: 2}); ok || d.Code != wire.CodeStaleFence {
+		t.Fatalf("queued after the floor: %v %+v", ok, d)
 	}
 }
 

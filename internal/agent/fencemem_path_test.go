@@ -97,8 +97,19 @@ func TestRecoveredWriteIsNotResentUntilTheFloor(t *testing.T) {
 	if n := drv.effects("p"); n != 1 {
 		t.Fatalf("p took effect %d times, want 1 (sent again on a copied store before its fence floor): %v", n, drv.events())
 	}
+	// The copy cannot know the original ended p ok: not final here
+	// (invariant 8), and its resend is judged against the floor.
+	if last := rs[len(rs)-1]; last.Code != wire.CodeFenceUnconfirmed || last.LastFence <= fence {
+		t.Fatalf("p on the copy: %s last_fence %d (%s), want fence_unconfirmed above %d", last.Code, last.LastFence, last.Reason, fence)
+	}
+	n := len(rs)
+	r.send("pump-1", set("p", fence, 100))
+	rs = r.pub.waitResults(t, "p", n+1)
 	if last := rs[len(rs)-1]; last.Code != wire.CodeStaleFence || last.LastFence <= fence {
-		t.Fatalf("p on the copy: %s last_fence %d (%s), want stale_fence above %d", last.Code, last.LastFence, last.Reason, fence)
+		t.Fatalf("p resent to the copy: %s last_fence %d (%s), want stale_fence above %d", last.Code, last.LastFence, last.Reason, fence)
+	}
+	if n := drv.effects("p"); n != 1 {
+		t.Fatalf("p took effect %d times after its resend, want 1", n)
 	}
 }
 

@@ -36,7 +36,11 @@ func TestNoWriteWhileTheSessionIsNotProven(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.proven.Store(true)
-	wantCode(t, r.pub.waitResults(t, "held", 1)[0], wire.CodeStaleFence, 100)
+	// Queued before the takeover's floor: the other agent may have run
+	// it, so not final here (invariant 8); its resend is stale.
+	wantCode(t, r.pub.waitResults(t, "held", 1)[0], wire.CodeFenceUnconfirmed, 100)
+	r.send("pump-1", set("held", 6, 200))
+	wantCode(t, r.pub.waitResults(t, "held", 2)[1], wire.CodeStaleFence, 100)
 	if n := r.drv.applies("held"); n != 0 {
 		t.Fatalf("held was written %d times; it is an older generation than the takeover's floor", n)
 	}

@@ -124,12 +124,9 @@ type recPublisher struct {
 	early []string
 }
 
-// answeredOnArrival are the codes of Results that have no record.
-var answeredOnArrival = []wire.Code{wire.CodeInvalid, wire.CodeUnknownDevice, wire.CodeOpConflict, wire.CodeBusy, wire.CodeUnauthorized}
-
 func (p *recPublisher) checkRecorded(payload []byte) {
 	var r wire.Result
-	if p.st == nil || json.Unmarshal(payload, &r) != nil || r.OpID == "" || slices.Contains(answeredOnArrival, r.Code) {
+	if p.st == nil || json.Unmarshal(payload, &r) != nil || r.OpID == "" || !wire.Recorded(r.Code) {
 		return
 	}
 	var o store.Op

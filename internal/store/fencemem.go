@@ -114,6 +114,18 @@ func (t *Tx) PutDoubt(dev, reason string) error {
 	return t.fenceMem().Put([]byte("doubt/"+dev), []byte(reason))
 }
 
+// floorSeqOf is Device.FloorSeq.
+func (t *Tx) floorSeqOf(dev string) uint64 {
+	b := t.fenceMem()
+	if b == nil {
+		return 0
+	}
+	if v := b.Get([]byte("floorseq/" + dev)); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
 // FloorOf returns the last fence floor taken for dev, 0 if none.
 func (t *Tx) FloorOf(dev string) int64 {
 	b := t.fenceMem()
@@ -162,6 +174,9 @@ func (t *Tx) TakeFloor(dev string, floor int64, by, reason string, now time.Time
 		return d, Op{}, err
 	}
 	now = now.UTC()
+	// Every op queued so far was queued before this floor (Device.FloorSeq):
+	// the audit record below takes the next sequence.
+	queued := t.tx.Bucket(bucketOps).Sequence()
 	from := d.LastFence
 	d.LastFence = max(d.LastFence, floor)
 	d.UpdatedAt = now
@@ -176,6 +191,9 @@ func (t *Tx) TakeFloor(dev string, floor int64, by, reason string, now time.Time
 	}
 	b := t.fenceMem()
 	if err := b.Put([]byte("floor/"+dev), u64(uint64(floor))); err != nil {
+		return d, Op{}, err
+	}
+	if err := b.Put([]byte("floorseq/"+dev), u64(queued)); err != nil {
 		return d, Op{}, err
 	}
 	if err := b.Delete([]byte("doubt/" + dev)); err != nil {

@@ -237,3 +237,54 @@ func TestBackupCancelledLeavesNoMark(t *testing.T) {
 		})
 	}
 }
+
+// Device.FloorSeq: the ops sequence when the last floor was taken, so an
+// op queued before it has an InboxSeq at or below it and one queued after
+// a higher one; it survives a reopen (it is in the fence memory's bucket).
+func TestFloorSeqMarksWhatWasQueuedBefore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.db")
+	s, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	ctx := context.Background()
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	var before, after uint64
+	put := func(op string) (seq uint64) {
+		if err := s.Update(ctx, func(tx *Tx) error {
+			seq, err = tx.InboxAppend("w", "pump-7", op)
+			if err != nil {
+				return err
+			}
+			return tx.PutOp(Op{Device: "pump-7", OpID: op, Status: OpQueued, Fence: 5, Action: "set", InboxSeq: seq, ReceivedAt: now})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	before = put("before")
+	if err := s.Update(ctx, func(tx *Tx) error {
+		if d, _, _ := tx.Device("pump-7"); d.FloorSeq != 0 {
+			t.Errorf("FloorSeq %d before any floor", d.FloorSeq)
+		}
+		_, _, err := tx.TakeFloor("pump-7", 100, "edge-agent", "takeover", now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	after = put("after")
+	s.Close()
+	s, err = Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.View(func(tx *Tx) error {
+		d, _, _ := tx.Device("pump-7")
+		if !(before <= d.FloorSeq && d.FloorSeq < after) {
+			t.Errorf("FloorSeq %d: the op queued before the floor has seq %d, the one after %d", d.FloorSeq, before, after)
+		}
+		return nil
+	})
+}

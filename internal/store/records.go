@@ -31,6 +31,11 @@ type Device struct {
 	// record's FinalSeq against it says whether it is among the last N.
 	Finals    uint64    `json:"finals"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// FloorSeq is the ops sequence when the device's last fence floor was
+	// taken (0: none): an op with InboxSeq at or below it was queued
+	// before the floor. Kept in the fence memory's bucket, not in the
+	// device record; Tx.Device fills it in.
+	FloorSeq uint64 `json:"-"`
 }
 
 // Op is one operation's durable record (docs/design.md storage sketch).

@@ -40,6 +40,7 @@ func (t *Tx) Device(dev string) (d Device, ok bool, err error) {
 	if err := decodeDevice(raw, &d); err != nil {
 		return d, true, fmt.Errorf("store: decode devices/%s: %w", dev, err)
 	}
+	d.FloorSeq = t.floorSeqOf(dev)
 	return d, true, nil
 }
 
