@@ -58,6 +58,7 @@ type CheckResult struct {
 	Checks     []CheckLine
 	Violations []Violation
 	Porcupine  map[string]string // device -> ok / illegal / unknown (timeout)
+	CtlOnly    int               // a fleet's: Results a controller got and the observer did not (taken as seen)
 }
 
 // CheckLine is one row of the report's checks table.
@@ -76,7 +77,6 @@ type checker struct {
 	dir      string
 	porTO    time.Duration
 	counts   map[string]int
-	losses   []int64 // when the store lost its memory, in order
 	lossRecs []loss
 	floors   []floorRec
 }
@@ -133,6 +133,9 @@ func (c *checker) build() {
 				o.ctlResults = append(o.ctlResults, seenResult{e.T, *e.Result})
 			}
 		}
+	}
+	if len(c.h.Meta.Fleet) > 0 {
+		c.witnesses()
 	}
 	for _, j := range c.h.Journal {
 		o := c.op(j.OpID, j.Device)
@@ -192,6 +195,33 @@ var unexpected = map[wire.Code]bool{wire.CodeInvalid: true, wire.CodeUnknownDevi
 
 // recordedFinal is the operation's first recorded final Result
 // (duplicate: false), if any.
+// witnesses (a fleet, on the NATS cluster): the observer is not the only
+// witness of what the agents published. NATS did not deliver every QoS 1
+// Result to the observer's wildcard subscriptions that it delivered to
+// the controller it was for (docs/testing.md, "A fleet"), so a Result a
+// controller received and the observer did not is taken as the
+// observer's too, at the time the controller got it.
+func (c *checker) witnesses() {
+	for _, o := range c.ops {
+		seen := map[string]bool{}
+		for _, s := range o.results {
+			seen[resultSig(s.r)] = true
+		}
+		added := false
+		for _, s := range o.ctlResults {
+			if !seen[resultSig(s.r)] {
+				seen[resultSig(s.r)] = true
+				o.results = append(o.results, s)
+				c.res.CtlOnly++
+				added = true
+			}
+		}
+		if added {
+			sort.SliceStable(o.results, func(i, j int) bool { return o.results[i].t < o.results[j].t })
+		}
+	}
+}
+
 func (o *opHist) recordedFinal() (seenResult, bool) {
 	for _, s := range o.results {
 		if s.r.Final() && wire.Recorded(s.r.Code) && !s.r.Duplicate {
@@ -238,7 +268,7 @@ func (c *checker) checkResults() {
 				continue
 			}
 			seen[resultSig(r)] = true
-			if e := c.epoch(s.t); e != ep {
+			if e := c.epoch(o.dev, s.t); e != ep {
 				ep, final, unknown = e, nil, false // a store that forgot the op
 			}
 			if unexpected[r.Code] {
@@ -317,7 +347,7 @@ func (c *checker) checkFinalMeansFinal() {
 				continue // unexpected codes are reported by "results per operation"
 			}
 			seen[resultSig(r)] = true
-			if e := c.epoch(s.t); e != ep {
+			if e := c.epoch(o.dev, s.t); e != ep {
 				ep, first = e, nil
 			}
 			if first == nil {
