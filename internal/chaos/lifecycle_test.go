@@ -125,3 +125,28 @@ func TestCheckerClones(t *testing.T) {
 		}
 	}
 }
+
+// In a fleet a loss is of one gateway's devices (LostDevicesDetail): it
+// starts a new epoch for those only, so a device on another gateway whose
+// op gets two different finals across it is still caught.
+func TestLossOfOtherDevicesKeepsTheEpoch(t *testing.T) {
+	lossOf := func(dev string) *hist {
+		b := clean()
+		b.h.Faults = append(b.h.Faults, FaultRecord{T: b.at(50), Kind: KindMemoryLost, Phase: "start", Target: "wipe", Detail: LostDevicesDetail([]string{dev}, "")})
+		return b.res(72, "r", "a-1", 5, wire.CodeStaleFence, 5, "", false, 71)
+	}
+	has := func(vs []Violation, check string) bool {
+		for _, v := range vs {
+			if v.Check == check {
+				return true
+			}
+		}
+		return false
+	}
+	if res := Check(&lossOf("p").h, t.TempDir(), 10*time.Second); !has(res.Violations, "results per operation") {
+		t.Errorf("a loss of p only let r's a-1 have two finals: %v", summarize(res.Violations))
+	}
+	if res := Check(&lossOf("r").h, t.TempDir(), 10*time.Second); has(res.Violations, "results per operation") {
+		t.Errorf("a loss of r: a-1 answered again by a store that forgot it was flagged: %v", summarize(res.Violations))
+	}
+}
