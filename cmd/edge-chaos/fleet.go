@@ -273,10 +273,10 @@ func (c *campaign) natsKill(f fault) {
 	w := c.w
 	i := f.Slot % len(w.nats.Nodes)
 	n := w.nats.Nodes[i]
+	w.natsMu.Lock() // one node down at a time: a kill waits for the last one's restart
+	defer w.natsMu.Unlock()
 	target := fmt.Sprintf("%s:%d", n.Name, n.PID())
 	w.record(f.Kind, "start", target, f.String())
-	w.natsMu.Lock()
-	defer w.natsMu.Unlock()
 	if !n.Running() {
 		w.record(f.Kind, "end", target, "not done: the node was down")
 		return

@@ -193,12 +193,11 @@ func sameResult(a, b wire.Result, withFence bool) bool {
 var unexpected = map[wire.Code]bool{wire.CodeInvalid: true, wire.CodeUnknownDevice: true,
 	wire.CodeOpConflict: true, wire.CodeLockMismatch: true, wire.CodeUnauthorized: true, wire.CodePolicyDenied: true}
 
-// recordedFinal is the operation's first recorded final Result
-// (duplicate: false), if any.
 // witnesses (a fleet, on the NATS cluster): the observer is not the only
 // witness of what the agents published. NATS did not deliver every QoS 1
 // Result to the observer's wildcard subscriptions that it delivered to
-// the controller it was for (docs/testing.md, "A fleet"), so a Result a
+// the controller it was for (docs/testing.md, "Chaos campaign of a
+// fleet"), so a Result a
 // controller received and the observer did not is taken as the
 // observer's too, at the time the controller got it.
 func (c *checker) witnesses() {
@@ -222,6 +221,8 @@ func (c *checker) witnesses() {
 	}
 }
 
+// recordedFinal is the operation's first recorded final Result
+// (duplicate: false), if any.
 func (o *opHist) recordedFinal() (seenResult, bool) {
 	for _, s := range o.results {
 		if s.r.Final() && wire.Recorded(s.r.Code) && !s.r.Duplicate {
@@ -229,6 +230,19 @@ func (o *opHist) recordedFinal() (seenResult, bool) {
 		}
 	}
 	return seenResult{}, false
+}
+
+// saidApplied reports whether any Result of the operation, seen by anyone,
+// said applied (a replay included).
+func (o *opHist) saidApplied() bool {
+	for _, list := range [][]seenResult{o.results, o.ctlResults} {
+		for _, s := range list {
+			if s.r.Status == wire.StatusApplied {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // finalAt is when anyone first saw a final Result of the operation
@@ -270,6 +284,14 @@ func (c *checker) checkResults() {
 			seen[resultSig(r)] = true
 			if e := c.epoch(o.dev, s.t); e != ep {
 				ep, final, unknown = e, nil, false // a store that forgot the op
+			}
+			if len(c.h.Meta.Fleet) > 0 && r.Code == wire.CodeUnknownDevice {
+				// A fleet's gateway the device has left answers what it
+				// still had queued of it so: not recorded, it says
+				// nothing of the operation, and it comes on that
+				// gateway's topics, in no order with the Results of the
+				// gateway that fronts the device now.
+				continue
 			}
 			if unexpected[r.Code] {
 				c.violate(name, o, s.t, "unexpected code %s (%s)", r.Code, r.Reason)
@@ -415,8 +437,8 @@ func (c *checker) checkJournal() {
 		if len(o.journal) == 0 || o.lost {
 			continue
 		}
-		if _, ok := o.recordedFinal(); ok {
-			continue
+		if _, ok := o.recordedFinal(); ok || o.saidApplied() {
+			continue // a replay of the recorded outcome said applied (its original was not seen)
 		}
 		if t, r, ok := o.finalAt(false); ok {
 			c.violate(refused, o, t, "the firmware applied it (journal seq %d) but its only final Result is %s/%s", o.journal[0].Seq, r.Status, r.Code)
