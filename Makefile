@@ -98,6 +98,7 @@ bench:
 	cd controller && $(GO) test -run XXX -bench . -benchtime 2s ./wire/jws
 	$(GO) run ./cmd/edge-bench
 	$(GO) run ./cmd/edge-bench -footprint-plugins
+	$(GO) run ./cmd/edge-bench -fleet -fleet-gateways 1,5,20 -fleet-devices 16 -fleet-broker mosquitto,nats -duration 10s
 	$(GO) run ./cmd/edge-bench -takeover -takeover-runs 20 -session-ttl 3s,10s -devices 64 -duration 10s
 
 # fmt, vet, staticcheck (pinned) over every module, then the tests.

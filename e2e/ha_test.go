@@ -278,3 +278,49 @@ func TestHATakeoverOnEtcdPartition(t *testing.T) {
 	}
 	f.checkJournal()
 }
+
+// A stand-down during start-up (review): the active's proof lapses after
+// its fence memory started and before the app follows its role (a slow
+// start: plugins compiling, here the startup failpoint's sleep, while the
+// etcd link is cut). When the link is back and it is active again, one
+// MQTT client serves: the one made at start is closed, never connected,
+// so no two clients with the gateway's client ID take the broker session
+// from each other.
+func TestHAStandDownDuringStartUp(t *testing.T) {
+	f := newFM(t)
+	px := testkit.NewProxy(t, f.etcd.Endpoints()[0])
+	f.coordinate([]string{"http://" + px.Addr()})
+	f.extra += "ha:\n  enabled: true\n  safety_margin: 1s\n"
+	f.started = true // not waiting for the agent's online status: start-up is the window
+	f.startProc("EDGE_AGENT_FAILPOINTS=startup=sleep(5s)")
+	testkit.Eventually(t, 20*time.Second, "the agent registered and active (its new store's floor taken)", func() bool {
+		return strings.Contains(f.log(), "fence floor taken")
+	})
+	px.Pause()
+	testkit.Eventually(t, 10*time.Second, "the agent stood down while starting", func() bool {
+		return strings.Contains(f.log(), "stands down as standby")
+	})
+	testkit.Eventually(t, 15*time.Second, "the start-up's sleep over", func() bool {
+		return strings.Contains(f.log(), "failpoint: slept 5s at startup")
+	})
+	if strings.Contains(f.log(), "ha: active again") {
+		t.Fatal("active again before start-up finished: the window was not hit")
+	}
+	px.Resume()
+	testkit.Eventually(t, 20*time.Second, "active and ready once etcd is back", func() bool {
+		code, _, err := f.get("/readyz")
+		r, _ := haRole(f.adminAt)
+		return err == nil && code == 200 && r == "active"
+	})
+	mark := len(f.log())
+	g := f.lock()
+	want(t, f.cmdOp("after-start", g, "set", `{"rpm":100}`), wire.StatusApplied, wire.CodeOK)
+	// Two clients with one client ID would take the session from each
+	// other over and over (paho reconnects within a second or two): a
+	// window of a few of those is watched, in the agent's log.
+	time.Sleep(4 * time.Second)
+	if later := f.log()[mark:]; strings.Contains(later, "connection lost") {
+		t.Fatalf("the agent's broker connection was lost once it served (two clients with its client ID?):\n%s", testkit.Tail(later, 2000))
+	}
+	want(t, f.cmdOp("after-start-2", g, "set", `{"rpm":200}`), wire.StatusApplied, wire.CodeOK)
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/app"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/failpoint"
+	"github.com/edge-agent/edge-agent/internal/mqtt"
 )
 
 func runCmd() *cobra.Command {
@@ -96,7 +97,10 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		select {
 		case err := <-mqttErr:
 			mqttErr = nil
-			if err != nil && ctx.Err() == nil {
+			if errors.Is(err, mqtt.ErrClosed) {
+				// Stood down (ha) before the first connect: a new client
+				// connects when this agent is active again.
+			} else if err != nil && ctx.Err() == nil {
 				log.Error("mqtt: could not connect", "broker", strings.Join(cfg.MQTT.BrokerURLs(), ","), "err", err)
 			} else if err == nil {
 				log.Info("mqtt: connected and subscribed")

@@ -142,6 +142,13 @@ func main() {
 		}
 		return
 	}
+	if *fleetOn { // fleet.go
+		if err := runFleet(*dur, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "edge-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *takeover { // ha.go
 		o := takeoverOpts{runs: *takeoverRuns, devices: *takeoverDevs, cpuRounds: *takeoverCPU, idle: *takeoverIdle, dur: *dur, out: *out}
 		var err error

@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -321,37 +323,68 @@ func (c *campaign) runClone(f fault, a *agentSup, real *rig.Proc) string {
 	return fmt.Sprintf("refused: exit 1 after %.1fs; the agent (pid %d) still serving; %s", took.Seconds(), real.PID(), msg)
 }
 
-// floorWatch records every fence floor the agent reports
-// (GET /v1/devices/{dev} fence_floor) as it changes, with the last time
-// the old value was seen: the floor was taken between the two. With -ha,
+// floorWatch records every fence floor the agents take. It polls each
+// agent's view of each device (GET /v1/devices/{dev} fence_floor); when
+// the floor there changed, it reads the device's history for every floor
+// audit entry taken since the last one it recorded (an agent may take a
+// floor and be killed before the next poll: with -ha the next process on
+// that store, or the other agent, then reports a later floor, and the
+// earlier one is only in the history), each with the time it was taken.
+// Without the history it records the view's floor with the last time the
+// old value was seen: the floor was taken between the two. With -ha,
 // each agent's, as it serves (a standby does not answer): its floors
 // raise the device's last_fence in the checker's model as the single
 // agent's do.
+//
+// Each agent is polled on its own goroutine: a paused agent (ha_pause)
+// makes every request to it wait for its timeout, which must not keep the
+// other agent's floors from being seen.
 func (c *campaign) floorWatch(stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	for _, a := range c.w.agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.floorWatchOf(a, stop)
+		}()
+	}
+	wg.Wait()
+}
+
+// floorWatchOf is floorWatch for one agent.
+func (c *campaign) floorWatchOf(a *agentSup, stop <-chan struct{}) {
 	w := c.w
 	last := map[string]int64{}
 	seen := map[string]int64{}
+	recorded := map[string]bool{} // dev/op_id of each floor recorded
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
-		for _, a := range w.agents {
-			for _, d := range c.o.devices {
-				if a.gw != nil && !a.gw.has(d.ID) {
-					continue // a fleet's gateway: its devices now
-				}
-				info, ok := a.device(d.ID)
-				floor := info.FenceFloor
-				now := time.Now().UnixNano()
-				if !ok {
-					continue
-				}
-				k := a.name + "/" + d.ID
-				if floor != last[k] {
-					w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[k]))
-					last[k] = floor
-				}
-				seen[k] = now
+		for _, d := range c.o.devices {
+			if a.gw != nil && !a.gw.has(d.ID) {
+				continue // a fleet's gateway: its devices now
 			}
+			info, ok := a.device(d.ID)
+			floor := info.FenceFloor
+			now := time.Now().UnixNano()
+			if !ok {
+				continue
+			}
+			k := d.ID
+			if floor != last[k] {
+				if fl, ok := a.floorsInHistory(d.ID); ok {
+					for _, f := range fl {
+						if rk := k + "/" + f.op; !recorded[rk] {
+							recorded[rk] = true
+							w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(f.floor, f.at))
+						}
+					}
+				} else {
+					w.record(chaos.KindFenceFloor, "observed", d.ID, chaos.FloorDetail(floor, seen[k]))
+				}
+				last[k] = floor
+			}
+			seen[k] = now
 		}
 		select {
 		case <-stop:
@@ -359,6 +392,57 @@ func (c *campaign) floorWatch(stop <-chan struct{}) {
 		case <-t.C:
 		}
 	}
+}
+
+// floorEntry is a fence floor audit entry of a device's history.
+type floorEntry struct {
+	op    string
+	floor int64
+	at    int64 // when it was taken (unix nanoseconds)
+}
+
+// floorsInHistory returns the fence floors in the agent's history of dev
+// (its newest 5 pages of GET /v1/devices/{dev}/ops), oldest first; false
+// when the history cannot be read.
+func (a *agentSup) floorsInHistory(dev string) ([]floorEntry, bool) {
+	c := http.Client{Timeout: 2 * time.Second}
+	var out []floorEntry
+	cursor := ""
+	for range 5 {
+		u := a.admin + "/v1/devices/" + dev + "/ops?limit=1000"
+		if cursor != "" {
+			u += "&before=" + cursor
+		}
+		resp, err := c.Get(u)
+		if err != nil {
+			return nil, false
+		}
+		var page struct {
+			Ops []struct {
+				OpID       string    `json:"op_id"`
+				Fence      int64     `json:"fence"`
+				Action     string    `json:"action"`
+				ReceivedAt time.Time `json:"received_at"`
+			} `json:"ops"`
+			Next string `json:"next"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || err != nil {
+			return nil, false
+		}
+		for _, o := range page.Ops {
+			if o.Action == store.ActionFenceFloor {
+				out = append(out, floorEntry{op: o.OpID, floor: o.Fence, at: o.ReceivedAt.UnixNano()})
+			}
+		}
+		if page.Next == "" {
+			break
+		}
+		cursor = page.Next
+	}
+	slices.Reverse(out)
+	return out, true
 }
 
 // heldUnknown is the agent's list of held writes (GET

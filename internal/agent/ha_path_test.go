@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,42 +39,5 @@ func TestNoWriteWhileTheSessionIsNotProven(t *testing.T) {
 	wantCode(t, r.pub.waitResults(t, "held", 1)[0], wire.CodeStaleFence, 100)
 	if n := r.drv.applies("held"); n != 0 {
 		t.Fatalf("held was written %d times; it is an older generation than the takeover's floor", n)
-	}
-}
-
-// A deposed active talks to no device (§8), questions included: a write
-// whose outcome became unknown as the session stopped being proven is not
-// asked about until it is proven again; then it is, and ends applied.
-func TestNoQuestionWhileTheSessionIsNotProven(t *testing.T) {
-	drv := newFakeDriver(true)
-	drv.hang["h"] = true // takes effect, then times out: unknown
-	r := newRig(t, drv)
-	proven := &atomic.Bool{}
-	proven.Store(true)
-	r.proven = proven // before the send: the worker reads it after
-	r.send("pump-1", set("h", 5, 100))
-	select {
-	case <-drv.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the write never reached the driver")
-	}
-	proven.Store(false)
-	if rs := r.pub.waitResults(t, "h", 1); rs[0].Status != wire.StatusUnknown {
-		t.Fatalf("first Result %+v, want unknown", rs[0])
-	}
-	// Asked at once without the gate (the first question has no pause):
-	// a second with no question shows the gate.
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		for _, e := range drv.events() {
-			if strings.HasPrefix(e, "query ") {
-				t.Fatalf("the device was asked while the session was not proven: %v", drv.events())
-			}
-		}
-	}
-	proven.Store(true)
-	rs := r.pub.waitResults(t, "h", 2)
-	wantCode(t, rs[1], wire.CodeOK, 5)
-	if count1(drv.events(), "query h ok") == 0 {
-		t.Fatalf("resolved without asking: %v", drv.events())
 	}
 }

@@ -308,11 +308,6 @@ func (w *worker) drive(rt *devRT, o store.Op, dec Decision) (bool, error) {
 		case stepGone:
 			return true, nil // the operator's transaction left the inbox
 		case StepSend:
-			// A deposed or standby agent talks to no device (§8): no
-			// reading before the write either.
-			if err := w.awaitProven(&o); err != nil {
-				return false, err
-			}
 			if rt.rb != nil && !o.WasUnknown {
 				// Read back: the points the write sets are read first,
 				// and the reading goes into the pending record with the
@@ -419,15 +414,19 @@ func (w *worker) awaitConfirmed(rt *devRT, o *store.Op) error {
 // proven is Options.Proven: whether a write may be sent now.
 func (a *Agent) proven() bool { return a.o.Proven == nil || a.o.Proven() }
 
-// awaitProven waits, before a write's pending record (and the reading a
-// read-back takes before it) and before each question about an unresolved
-// write, until the session is proven alive (docs/protocol.md §8: a deposed
-// or standby agent talks to no device). The op stays in the store
-// meanwhile, holding its device.
+// awaitProven waits, before a write's pending record, until the session
+// is proven alive (docs/protocol.md §8: a deposed or standby agent sends
+// no write). The op stays in the store meanwhile, holding its device.
+// Questions about an unresolved write are not held back: a deposed active
+// that resolves them goes on to answer what it queued behind them
+// fence_unconfirmed (not final) while it is deposed, instead of a final
+// stale_fence once it is active again that could contradict the Result
+// the other agent gave a resend (invariant 8,
+// e2e.TestHADeposedInboxDoesNotContradictTheOtherActive).
 func (w *worker) awaitProven(o *store.Op) error {
 	for logged := false; !w.a.proven(); logged = true {
 		if !logged {
-			w.a.log.Warn("nothing is sent to the device (no write, no question) while the coordination session is not proven alive (ha: standing down)",
+			w.a.log.Warn("no write is sent while the coordination session is not proven alive (ha: standing down)",
 				"device", o.Device, "op_id", o.OpID)
 		}
 		if err := w.pause(100 * time.Millisecond); err != nil {
@@ -602,12 +601,6 @@ func (w *worker) ask(rt *devRT, o *store.Op) (Decision, json.RawMessage, error) 
 		return w.hold(o)
 	}
 	for attempt := 0; ; attempt++ {
-		// Nor is the device asked while the session is not proven (§8:
-		// a deposed active talks to no device); it is asked once this
-		// agent is active again, after the takeover's floor.
-		if err := w.awaitProven(o); err != nil {
-			return Decision{}, nil, err
-		}
 		ctx, cancel := context.WithTimeout(a.ctx, queryTimeout(rt))
 		var q device.QueryResult
 		var err error

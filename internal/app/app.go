@@ -27,6 +27,7 @@ import (
 	"github.com/edge-agent/edge-agent/internal/buildinfo"
 	"github.com/edge-agent/edge-agent/internal/config"
 	"github.com/edge-agent/edge-agent/internal/device"
+	"github.com/edge-agent/edge-agent/internal/failpoint"
 	"github.com/edge-agent/edge-agent/internal/fencemem"
 	"github.com/edge-agent/edge-agent/internal/mqtt"
 	"github.com/edge-agent/edge-agent/internal/mqtt/mosq"
@@ -147,6 +148,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if err := a.startFenceMemory(ctx); err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.Startup, "")
 
 	drv, devs, err := a.buildDrivers()
 	if err != nil {
@@ -262,6 +264,13 @@ func (a *App) Start(ctx context.Context) (err error) {
 		a.handler.set(admin.Handler(a.ag, a.adminOptions()))
 	}
 	a.fm.OnRole(a.onRole)
+	if r, _ := a.fm.Role(); r == fencemem.RoleStandby {
+		// Stood down between the fence memory's start and OnRole (a
+		// slow plugin compile and an etcd blip): that stand-down's
+		// tell was not heard, so it is done here (the client is closed
+		// and never connects); becoming active again makes a new one.
+		a.onRole(false)
+	}
 	a.boot.step.Store(nil) // after every field Ready and the handler read
 	a.wg.Add(1)
 	go func() {

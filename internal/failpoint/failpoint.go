@@ -52,8 +52,12 @@ const (
 	// Commit: each group commit, inside its transaction (error fails the
 	// commit as a disk would; sleep makes it slow, as a slow fsync).
 	Commit = "commit"
+	// Startup: the fence memory has started (with ha: this agent is
+	// active); the plugins are not loaded, the MQTT client not made
+	// (sleep: a slow start-up, e.g. plugins compiling on a small board).
+	Startup = "startup"
 )
 
 // Points lists every point, for validation and the campaign.
 var Points = []string{AfterInbox, BeforeAck, AfterPending, DuringWrite, AfterWrite, AfterOutcome,
-	BeforePublish, AfterPublish, Recovery, Commit}
+	BeforePublish, AfterPublish, Recovery, Commit, Startup}

@@ -212,6 +212,10 @@ func Hit(point, op string) {
 			select {} // never returns
 		case "sleep":
 			time.Sleep(a.sleep)
+			if a.sleep >= time.Second {
+				// A long one (a slow start-up), not a slow commit's.
+				fmt.Fprintf(os.Stderr, "failpoint: slept %s at %s\n", a.sleep, point)
+			}
 		case "stall":
 			stall(point)
 		}

@@ -121,14 +121,26 @@ func (m *Memory) prove(sess *concurrency.Session) {
 		ctx, cancel := context.WithTimeout(m.ctx, m.renewInterval())
 		_, err := m.cli.KeepAliveOnce(ctx, sess.Lease())
 		cancel()
-		if err == nil {
+		// Once the proof has lapsed (a pause longer than session_ttl -
+		// margin, woken before the lease ran out), Proven was false and
+		// may have been seen so: the worker held its writes, the app
+		// refused deliveries unacknowledged on a connection that only a
+		// stand-down closes. So a lapse is a stand-down (a lapse without
+		// ha) even when this keepalive succeeds: judged before its answer
+		// counts (lastSent has only this writer, and the clock is
+		// monotonic, so whoever saw Proven false before sees it here).
+		lapsed := !m.Proven()
+		if err == nil && !lapsed {
 			m.mu.Lock()
 			if sent.After(m.lastSent) {
 				m.lastSent = sent
 			}
 			m.mu.Unlock()
 		}
-		if !m.Proven() {
+		if lapsed || !m.Proven() {
+			if lapsed && err == nil {
+				err = errors.New("the proof lapsed before this keepalive was answered (a pause?)")
+			}
 			if m.o.HA {
 				m.standDown(err)
 			} else {

@@ -79,3 +79,46 @@ func TestHAStandsDownBeforeTheSessionCanExpire(t *testing.T) {
 		t.Fatalf("floors once active again: %+v", fl)
 	}
 }
+
+// A pause (SIGSTOP, a frozen VM) longer than session_ttl - safety_margin
+// but shorter than the lease: once the proof has lapsed, Proven was false
+// (the worker sent nothing, the app refused deliveries unacknowledged),
+// so the agent stands down (docs/protocol.md §8: "it then stops serving
+// and returns to standby"), even though its next keepalive succeeds. Were
+// the proof simply renewed, the refused deliveries would stay unanswered
+// on a connection that never closes, and hold every later PUBACK behind
+// them (e2e TestHARefusedDeliveryIsTakenOnceProvenAgain). The pause is
+// the send time of the last confirmed keepalive moved back past the
+// proof, as a frozen process finds it when it wakes.
+func TestHAStandsDownAfterAPauseEvenIfTheLeaseSurvived(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	e := &config.Etcd{Endpoints: c.Endpoints(), Prefix: "edge", DialTimeout: config.Duration(500 * time.Millisecond), SessionTTL: config.Duration(6 * time.Second)}
+	const margin = 3 * time.Second
+	s := openStore(t, filepath.Join(t.TempDir(), "agent.db"))
+	m := New(Options{Etcd: e, Gateway: "gw-1", Devices: []string{"pump-1"}, Store: s, Retry: 100 * time.Millisecond,
+		HA: true, SafetyMargin: margin})
+	var downs atomic.Int32
+	m.OnRole(func(active bool) {
+		if !active {
+			downs.Add(1)
+		}
+	})
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.mu.Lock()
+	m.lastSent = time.Now().Add(-(e.SessionTTL.D() - margin) - 100*time.Millisecond)
+	m.mu.Unlock()
+	if m.Proven() {
+		t.Fatal("proven after the pause")
+	}
+	// Within two renewals the next keepalive has been answered.
+	deadline := time.Now().Add(2*m.renewInterval() + time.Second)
+	for downs.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stand-down after the proof lapsed (proven again: %v)", m.Proven())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
