@@ -370,7 +370,6 @@ func (c *campaign) moveDevice(f fault) {
 		rig.WaitFor(30*time.Second, from.ready)
 		return
 	}
-	floor0, _ := to.device(dev)
 	up = make(chan struct{})
 	to.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: f.Kind, up: up, prepare: func() {
 		to.gw.set(dev, true)
@@ -388,7 +387,7 @@ func (c *campaign) moveDevice(f fault) {
 		info, got = to.device(dev)
 		return got && to.ready()
 	})
-	w.record(f.Kind, "end", target, fmt.Sprintf("%s fronts it: %v; its fence floor %d (before: %d), last_fence %d", to.name, ok, info.FenceFloor, floor0.FenceFloor, info.LastFence))
+	w.record(f.Kind, "end", target, fmt.Sprintf("%s fronts it: %v; its fence floor %d, last_fence %d", to.name, ok, info.FenceFloor, info.LastFence))
 }
 
 // writeFleetConfig writes a fleet agent's configuration from its
