@@ -71,13 +71,15 @@ test: plugins-c
 #   make chaos SEED=42 DURATION=30m            mosquitto with persistence
 #   make chaos SEED=42 DURATION=5m BROKER=embedded
 #   make chaos SEED=1 DURATION=5m HA=1         a standby pair (docs/testing.md)
+#   make chaos SEED=1 DURATION=5m FLEET=3      three gateways on a 3-node NATS cluster
 SEED     ?= 1
 DURATION ?= 5m
 BROKER   ?= mosquitto
 HA       ?=
+FLEET    ?=
 chaos:
 	$(GO) build -o $(BIN)/edge-chaos ./cmd/edge-chaos
-	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) -broker $(BROKER) $(if $(filter 1,$(HA)),-ha) $(CHAOSFLAGS)
+	$(BIN)/edge-chaos run -seed $(SEED) -duration $(DURATION) $(if $(FLEET),-fleet $(FLEET) -broker nats,-broker $(BROKER)) $(if $(filter 1,$(HA)),-ha) $(CHAOSFLAGS)
 
 # Every deliberate bug (the patches in cmd/edge-chaos/mutants/), each built
 # into an agent of its own (go build -overlay: the tree is not changed) and

@@ -29,6 +29,7 @@ type agentSup struct {
 	done    chan struct{}
 	starts  atomic.Int64
 	running atomic.Bool // run was started (close waits for it)
+	gw      *gwSpec     // -fleet: its gateway (its configuration is written before each start)
 
 	mu   sync.Mutex
 	p    *rig.Proc
@@ -79,6 +80,11 @@ func (a *agentSup) proc() *rig.Proc {
 }
 
 func (a *agentSup) start(spec string) error {
+	if a.gw != nil {
+		if err := a.writeFleetConfig(); err != nil {
+			return err
+		}
+	}
 	env := []string{"EDGE_AGENT_FAILPOINTS=" + spec, fmt.Sprintf("EDGE_AGENT_FAILPOINTS_SEED=%d", a.seed+uint64(a.starts.Load()))}
 	p, err := rig.Start(rig.Options{Out: a.w.out, Env: env}, a.w.o.agentBin, "run", "--config", a.cfg, "--log-level", "warn")
 	if err != nil {

@@ -33,6 +33,9 @@ type options struct {
 	out          string
 	keep         bool
 	ha           bool   // two agents for the gateway, one active (-ha)
+	fleet        int    // -fleet N: N gateways on a NATS cluster (0: one gateway)
+	nats         bool   // -broker nats (with -fleet)
+	natsBin      string // "": rig.FindNATS
 	mutant       string // the agent is this mutant (mutants/NAME.patch)
 	overlay      string // go build -overlay file of the mutant's sources
 	agentBin     string // prebuilt agent (failpoints build); "": built
@@ -127,7 +130,14 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	if o.embedded {
 		broker = "embedded"
 	}
-	c.meta = chaos.RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices, HA: o.ha}
+	var fleet []string
+	if o.fleet > 0 {
+		broker = "nats (3 nodes)"
+		for k := 0; k < o.fleet; k++ {
+			fleet = append(fleet, gatewayName(k))
+		}
+	}
+	c.meta = chaos.RunMeta{Seed: o.seed, Duration: o.duration.String(), Broker: broker, Tags: tags, Mutant: o.mutant, Devices: o.devices, HA: o.ha, Fleet: fleet}
 	logf, err := os.OpenFile(filepath.Join(dir, "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, dir, err
@@ -153,7 +163,7 @@ func runCampaign(o options) (*chaos.CheckResult, string, error) {
 	if err := c.writeMeta(); err != nil {
 		return nil, dir, err
 	}
-	sched := schedule(o.seed, o.duration, o.controllers, o.devices, o.ttl, o.embedded, o.ha)
+	sched := schedule(o.seed, o.duration, o.controllers, o.devices, o.ttl, o.embedded, o.ha, o.fleet)
 	c.logf("seed %d: %d faults scheduled over %v; history in %s", o.seed, len(sched), o.duration, dir)
 	go c.operator()
 	progressDone := make(chan struct{})
@@ -228,7 +238,9 @@ func (c *campaign) setup() error {
 		}
 		w.etcdProxies = append(w.etcdProxies, "http://"+addr)
 	}
-	if o.embedded {
+	if o.fleet > 0 {
+		// the NATS cluster: setupFleet
+	} else if o.embedded {
 		a, err := rig.FreeAddr()
 		if err != nil {
 			return err
@@ -247,6 +259,12 @@ func (c *campaign) setup() error {
 	w.brokerURL = "tcp://" + w.mosqAddr
 	if err := w.startFirmware(); err != nil {
 		return err
+	}
+	if o.fleet > 0 {
+		if err := c.setupFleet(); err != nil {
+			return err
+		}
+		return c.startObserverAndControllers()
 	}
 	fwp, err := w.links.add("firmware", w.fwAddr)
 	if err != nil {
@@ -299,11 +317,21 @@ func (c *campaign) setup() error {
 	if _, err := w.takeBackup(w.agent); err != nil {
 		return err
 	}
+	return c.startObserverAndControllers()
+}
+
+// startObserverAndControllers starts the observer and the controllers.
+func (c *campaign) startObserverAndControllers() error {
+	w, o := c.w, c.o
 	obsLog, err := chaos.OpenLines(filepath.Join(w.dir, "observer.jsonl"))
 	if err != nil {
 		return err
 	}
-	c.obs = newObserver(obsLog, w.brokerURL, prefix, gatewayID)
+	if o.fleet > 0 {
+		c.obs = newObserver(obsLog, w.brokerURLs, prefix, "+")
+	} else {
+		c.obs = newObserver(obsLog, []string{w.brokerURL}, prefix, gatewayID)
+	}
 	c.obs.start()
 	for i := 0; i < o.controllers; i++ {
 		s, err := w.startController(i, 0)
@@ -363,6 +391,9 @@ func (c *campaign) operator() {
 		}
 		now := time.Now().UnixNano()
 		agentHeld := c.w.heldUnknown()
+		if c.o.fleet > 0 {
+			agentHeld = c.w.heldUnknownFleet()
+		}
 		for k := range listed {
 			if !agentHeld[k] {
 				delete(listed, k)
@@ -419,7 +450,7 @@ func (c *campaign) resolve(dev, op string) {
 		}
 		body = fmt.Sprintf(`{"applied":true,"state":%s}`, bytes.TrimSpace(st))
 	}
-	resp, err := c.w.adminDo(http.MethodPost, "/v1/devices/"+dev+"/ops/"+op+"/resolve", body, 3*time.Second)
+	resp, err := c.w.adminFor(dev, http.MethodPost, "/v1/devices/"+dev+"/ops/"+op+"/resolve", body, 3*time.Second)
 	if err != nil {
 		return
 	}
@@ -509,8 +540,17 @@ func (c *campaign) settle() {
 	w.mosqMu.Lock()
 	mosqDead := !c.o.embedded && (w.mosq == nil || !w.mosq.Running())
 	w.mosqMu.Unlock()
-	if mosqDead {
+	if mosqDead && w.nats == nil {
 		_ = w.runMosquitto()
+	}
+	if w.nats != nil {
+		w.natsMu.Lock()
+		for i, n := range w.nats.Nodes {
+			if !n.Running() {
+				_ = w.nats.Restart(i)
+			}
+		}
+		w.natsMu.Unlock()
 	}
 	if p := w.firmwareProc(); p == nil || !p.Running() {
 		_ = w.startFirmware()
@@ -557,9 +597,21 @@ func (c *campaign) unfinished() []string {
 	files, _ := filepath.Glob(filepath.Join(c.w.dir, "ctl-*.jsonl"))
 	var out []string
 	lost := c.lostAt.Load()
+	ctlFinal := map[string]bool{} // a fleet's: the controllers are witnesses too (chaos.Check)
 	for _, f := range files {
 		evs, _ := chaos.ReadLines[chaos.Event](f)
 		for _, e := range evs {
+			if c.o.fleet > 0 && e.Ev == chaos.EvResult && e.Result != nil && e.Result.Final() {
+				ctlFinal[e.Op] = true
+			}
+		}
+	}
+	for _, f := range files {
+		evs, _ := chaos.ReadLines[chaos.Event](f)
+		for _, e := range evs {
+			if ctlFinal[e.Op] {
+				continue
+			}
 			// One published before the store lost its memory may have
 			// lost its Result with it (the checker's "lost" operations).
 			if e.Ev == chaos.EvPublished && e.T >= lost && !c.obs.finalSeen(e.Op) {

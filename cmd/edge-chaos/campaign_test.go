@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/rig"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 )
 
@@ -125,6 +126,49 @@ func TestCampaignHAShortRun(t *testing.T) {
 	}
 	if n := count(t, out, "commands (operations invoked)"); n < 300 {
 		t.Errorf("only %d commands in 45s", n)
+	}
+	t.Logf("%s", testkit.Tail(out, 3000))
+}
+
+// A short fixed-seed fleet campaign (make test; make chaos FLEET=3): three
+// gateways on the 3-node NATS cluster and the 3-member etcd, broker node
+// kills, etcd member kills, device moves between gateways and each
+// gateway's wipes, restores and kills among the other faults; commands
+// answered by every gateway, and no violation.
+func TestCampaignFleetShortRun(t *testing.T) {
+	needs(t)
+	if _, err := rig.FindNATS(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	agent := testkit.Build(t, "../edge-agent", "failpoints")
+	fw := testkit.Build(t, "../../firmware-sim")
+	dir := filepath.Join(t.TempDir(), "history")
+	out, code := runBin(t, ".", 4*time.Minute, "run", "-fleet", "3", "-broker", "nats", "-seed", "3", "-duration", "60s", "-settle", "45s",
+		"-agent", agent, "-firmware", fw, "-out", dir, "-porcupine-timeout", "30s")
+	if code != 0 || !regexp.MustCompile(`(?m)^violations: 0$`).MatchString(out) {
+		v, _ := os.ReadFile(filepath.Join(dir, "violations.txt"))
+		t.Fatalf("edge-chaos -fleet 3 exit %d:\n%s\n%s", code, testkit.Tail(out, 8000), testkit.Tail(string(v), 8000))
+	}
+	for _, k := range []string{fNATSKill, fEtcdMemberKill, fDeviceMove, fAgentWipe, fAgentRestore, fAgentKill} {
+		if count(t, out, k) == 0 {
+			t.Errorf("fault %s was not injected", k)
+		}
+	}
+	for _, gw := range []string{"gw1", "gw2", "gw3"} {
+		if n := count(t, out, gw); n < 50 {
+			t.Errorf("gateway %s answered only %d commands", gw, n)
+		}
+	}
+	// A move's end names the new gateway's floor for the device.
+	faults, _ := os.ReadFile(filepath.Join(dir, "faults.jsonl"))
+	if !regexp.MustCompile(`"device_move","phase":"end"[^\n]*fronts it: true; its fence floor [1-9]`).Match(faults) {
+		t.Errorf("no device moved to a gateway that took a fence floor for it")
+	}
+	if !regexp.MustCompile(`"broker_node_kill","phase":"end"[^\n]*accepts MQTT clients`).Match(faults) {
+		t.Errorf("no NATS node was killed and restarted")
 	}
 	t.Logf("%s", testkit.Tail(out, 3000))
 }

@@ -46,6 +46,8 @@ type ctlConfig struct {
 	seed                     uint64
 	ttl                      time.Duration
 	eager                    bool // resend after a short ResultTimeout (dedup is exercised); else wait patiently
+	brokers                  []string
+	fleet                    bool // every device's gateway from the device directory (-fleet)
 }
 
 func runController(args []string) int {
@@ -61,8 +63,14 @@ func runController(args []string) int {
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of this controller's choices")
 	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "lock lease TTL")
 	fs.BoolVar(&c.eager, "eager", false, "resend after a short ResultTimeout")
+	brokers := fs.String("brokers", "", "the broker cluster's nodes, comma separated (instead of --broker)")
+	fs.BoolVar(&c.fleet, "fleet", false, "look every device's gateway up in the device directory; a Conn per gateway")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *brokers != "" {
+		c.brokers = strings.Split(*brokers, ",")
+		c.broker = c.brokers[0]
 	}
 	c.etcd = strings.Split(etcd, ",")
 	if err := json.Unmarshal([]byte(devs), &c.devices); err != nil || c.id == "" || c.out == "" || c.broker == "" || len(c.devices) == 0 {
@@ -81,6 +89,7 @@ type ctl struct {
 	rec   *chaos.LineWriter
 	rng   *rand.Rand
 	conn  *controller.Conn
+	conns map[string]*controller.Conn // -fleet: by gateway
 	cli   *clientv3.Client
 	stop  atomic.Bool
 	armed atomic.Bool
@@ -124,6 +133,19 @@ func controllerLoop(c ctlConfig) error {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer k.cli.Close()
+	if c.fleet {
+		k.conns = map[string]*controller.Conn{}
+		defer func() {
+			for _, cn := range k.conns {
+				cn.Close()
+			}
+		}()
+		for !k.stop.Load() {
+			k.hold()
+			k.sleep(time.Duration(k.rng.IntN(50)) * time.Millisecond)
+		}
+		return nil
+	}
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		k.conn, err = controller.Dial(ctx, controller.ConnOptions{Broker: c.broker, Gateway: c.gateway, ControllerID: c.id})
@@ -149,6 +171,18 @@ func (k *ctl) sleep(d time.Duration) { time.Sleep(d) }
 
 // pick chooses a device: the hot one often, else any.
 func (k *ctl) pick() chaos.DeviceSpec {
+	if k.c.fleet {
+		var hot []chaos.DeviceSpec
+		for _, d := range k.c.devices {
+			if d.Hot {
+				hot = append(hot, d)
+			}
+		}
+		if len(hot) > 0 && k.rng.IntN(100) < 40 {
+			return hot[k.rng.IntN(len(hot))]
+		}
+		return k.c.devices[k.rng.IntN(len(k.c.devices))]
+	}
 	for _, d := range k.c.devices {
 		if d.Hot && k.rng.IntN(100) < 40 {
 			return d
@@ -186,14 +220,20 @@ func (k *ctl) hold() {
 		rt, deadline = time.Duration(300+k.rng.IntN(400))*time.Millisecond, 10*time.Second
 	}
 	owner := &pausingOwner{Holder: h, k: k}
-	s := controller.NewSender(k.conn, owner, &controller.SendOptions{ResultTimeout: rt,
+	so := &controller.SendOptions{ResultTimeout: rt,
 		OnPublish: func(cmd wire.Command, err error) {
 			if err == nil {
 				k.event(chaos.Event{Ev: chaos.EvPublished, Dev: d.ID, Op: cmd.OpID, Fence: cmd.Fence})
 			} else {
 				k.event(chaos.Event{Ev: chaos.EvNote, Dev: d.ID, Op: cmd.OpID, Err: "publish: " + err.Error()})
 			}
-		}})
+		}}
+	var s sender
+	if k.c.fleet {
+		s = &routed{k: k, owner: owner, opts: so, senders: map[string]*controller.Sender{}}
+	} else {
+		s = controller.NewSender(k.conn, owner, so)
+	}
 	if !k.send(s, h, d, wire.ActionFence, nil, deadline) {
 		return
 	}
@@ -241,7 +281,7 @@ func (k *ctl) command(d chaos.DeviceSpec) (string, json.RawMessage) {
 
 // send runs one operation to its end; false when the holder should stop
 // (ownership lost, or the campaign is stopping).
-func (k *ctl) send(s *controller.Sender, h *controller.Holder, d chaos.DeviceSpec, action string, params json.RawMessage, deadline time.Duration) bool {
+func (k *ctl) send(s sender, h *controller.Holder, d chaos.DeviceSpec, action string, params json.RawMessage, deadline time.Duration) bool {
 	k.n++
 	op := fmt.Sprintf("%s-%d", k.c.id, k.n)
 	fence := h.Fence()
@@ -268,6 +308,11 @@ func (k *ctl) send(s *controller.Sender, h *controller.Holder, d chaos.DeviceSpe
 			continue
 		case errors.As(err, &re):
 			return action != wire.ActionFence
+		case (errors.Is(err, controller.ErrNoGateway) || errors.Is(err, controller.ErrConnect) || errors.Is(err, errLookup)) && attempt < 60 && !k.stop.Load():
+			// -fleet: the device is moving between gateways, or its
+			// gateway's Conn cannot be dialled now: the same op_id again.
+			k.sleep(250 * time.Millisecond)
+			continue
 		case errors.Is(err, controller.ErrPublish) && attempt < 20 && !k.stop.Load():
 			k.sleep(200 * time.Millisecond) // the broker is away: the same op_id again
 			continue
@@ -306,4 +351,50 @@ func (o *pausingOwner) Check() error {
 		}
 	}
 	return err
+}
+
+// errLookup: the device directory could not be read.
+var errLookup = errors.New("device directory")
+
+// sender is a Sender, or (-fleet) routed.
+type sender interface {
+	Send(ctx context.Context, device, action string, params any, opts ...controller.CallOption) (wire.Result, error)
+}
+
+// routed sends each command to the gateway that fronts the device now
+// (controller.LookupGateway before each Send, so a moved device is
+// followed), through a Sender of that gateway on the controller's Conn of
+// it (dialled the first time, kept across holds): what
+// controller.FleetSender does, with Conns that outlive one owner.
+type routed struct {
+	k       *ctl
+	owner   controller.Owner
+	opts    *controller.SendOptions
+	senders map[string]*controller.Sender
+}
+
+func (r *routed) Send(ctx context.Context, device, action string, params any, opts ...controller.CallOption) (wire.Result, error) {
+	gw, err := controller.LookupGateway(ctx, r.k.cli, "", device)
+	if err != nil {
+		if !errors.Is(err, controller.ErrNoGateway) {
+			err = fmt.Errorf("%w: %w", errLookup, err) // etcd away: again
+		}
+		return wire.Result{}, err
+	}
+	s := r.senders[gw]
+	if s == nil {
+		cn := r.k.conns[gw]
+		if cn == nil {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			cn, err = controller.Dial(dctx, controller.ConnOptions{Brokers: r.k.c.brokers, Gateway: gw, ControllerID: r.k.c.id + "-" + gw})
+			cancel()
+			if err != nil {
+				return wire.Result{}, err
+			}
+			r.k.conns[gw] = cn
+		}
+		s = controller.NewSender(cn, r.owner, r.opts)
+		r.senders[gw] = s
+	}
+	return s.Send(ctx, device, action, params, opts...)
 }

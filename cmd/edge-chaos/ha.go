@@ -141,6 +141,9 @@ func (c *campaign) watchRegistration() error {
 // none does) or the other.
 func (c *campaign) agentFor(f fault) *agentSup {
 	w := c.w
+	if c.o.fleet > 0 {
+		return w.agentNamed(f.Agent)
+	}
 	if !c.o.ha {
 		return w.agent
 	}

@@ -19,6 +19,9 @@ func (c *campaign) inject(f fault) {
 	if c.o.ha && agentKinds[f.Kind] {
 		target = agent.name + " (" + f.Agent + ")"
 	}
+	if c.o.fleet > 0 && agentKinds[f.Kind] {
+		target = agent.name
+	}
 	end := func(detail string) { w.record(f.Kind, "end", target, detail) }
 	start := func(detail string) { w.record(f.Kind, "start", target, detail) }
 	switch f.Kind {
@@ -72,7 +75,7 @@ func (c *campaign) inject(f fault) {
 		agent.restart(agentCmd{sig: syscall.SIGTERM, down: f.For, kind: f.Kind})
 	case fAgentCrashPoint:
 		target = f.Mode
-		if c.o.ha {
+		if c.o.ha || c.o.fleet > 0 {
 			target = agent.name + " " + f.Mode
 		}
 		start(f.String())
@@ -130,6 +133,10 @@ func (c *campaign) inject(f fault) {
 		end("")
 	case fNetBroker, fNetFirmware, fNetEtcd:
 		link := map[string]string{fNetBroker: "broker", fNetFirmware: "firmware", fNetEtcd: "etcd-"}[f.Kind]
+		if c.o.fleet > 0 && f.Kind != fNetEtcd {
+			// The gateway's own links: to every node, or to the firmware.
+			link = map[string]string{fNetBroker: f.Agent + "-broker-", fNetFirmware: f.Agent + "-firmware"}[f.Kind]
+		}
 		target = link
 		start(f.String())
 		delays := f.Kind == fNetFirmware && f.Mode != "cut" && f.Mode != "reset_peer"
@@ -190,6 +197,12 @@ func (c *campaign) inject(f fault) {
 		c.clone(f)
 	case fHAKill, fHAPause, fHAPartition:
 		c.injectHA(f)
+	case fNATSKill:
+		c.natsKill(f)
+	case fEtcdMemberKill:
+		c.etcdMemberKill(f)
+	case fDeviceMove:
+		c.moveDevice(f)
 	case fFwKill:
 		start(f.String())
 		w.firmwareProc().Kill()

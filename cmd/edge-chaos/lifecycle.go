@@ -95,7 +95,10 @@ func (w *world) olderBackup(a *agentSup, n int) (backup, bool) {
 	defer w.bakMu.Unlock()
 	var old []backup
 	for _, b := range w.backups {
-		if b.agent == a && time.Since(b.at) >= 5*time.Second {
+		// In a fleet, none from before the gateway's last move: its
+		// store could hold a write of a device it no longer fronts,
+		// which refuses the start (docs/operations.md).
+		if b.agent == a && time.Since(b.at) >= 5*time.Second && (a.gw == nil || b.at.After(a.gw.changedAt())) {
 			old = append(old, b)
 		}
 	}
@@ -121,6 +124,10 @@ func (c *campaign) memoryLost(a *agentSup, how string) {
 		} else {
 			detail = chaos.LostDetail(ops)
 		}
+	}
+	if a.gw != nil {
+		// A fleet's gateway forgets its own devices only.
+		detail = chaos.LostDevicesDetail(a.gw.devices(), detail)
 	}
 	c.w.record(chaos.KindMemoryLost, "start", how, detail)
 }
@@ -237,45 +244,46 @@ func copyFile(from, to string) error {
 // the checker reads.
 func (c *campaign) clone(f fault) {
 	w := c.w
-	w.record(f.Kind, "start", "", f.String())
-	if !w.agent.plain() {
+	a := c.agentFor(f) // the agent; in a fleet, the gateway's
+	w.record(f.Kind, "start", a.name, f.String())
+	if !a.plain() {
 		// A failpoint armed by an earlier fault could end the agent
 		// while the clone waits for its registration: a plain restart
 		// first (SIGTERM: its session ends at once).
 		up := make(chan struct{})
-		w.agent.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: f.Kind, up: up})
+		a.restart(agentCmd{sig: syscall.SIGTERM, down: 200 * time.Millisecond, kind: f.Kind, up: up})
 		select {
 		case <-up:
 		case <-time.After(30 * time.Second):
 		}
 	}
 	done := make(chan string, 1)
-	w.agent.restart(agentCmd{kind: f.Kind, during: func(p *rig.Proc) {
+	a.restart(agentCmd{kind: f.Kind, during: func(p *rig.Proc) {
 		// A failpoint armed earlier may still end the agent: then no
 		// clone (its supervisor restarts it first).
-		ok := func() bool { return w.agent.plain() && w.agent.ready() }
+		ok := func() bool { return a.plain() && a.ready() }
 		if !rig.WaitFor(20*time.Second, func() bool { return !p.Running() || ok() }) || !ok() {
 			done <- "not started: the agent was not ready with no failpoint armed within 20s"
 			return
 		}
-		done <- c.runClone(f, p)
+		done <- c.runClone(f, a, p)
 	}})
 	select {
 	case d := <-done:
-		w.record(f.Kind, "end", "", d)
+		w.record(f.Kind, "end", a.name, d)
 	case <-time.After(2 * time.Minute):
-		w.record(f.Kind, "end", "", "not started: the agent's supervisor was busy for 2 minutes")
+		w.record(f.Kind, "end", a.name, "not started: the agent's supervisor was busy for 2 minutes")
 	}
 }
 
-func (c *campaign) runClone(f fault, real *rig.Proc) string {
+func (c *campaign) runClone(f fault, a *agentSup, real *rig.Proc) string {
 	w := c.w
 	dir := filepath.Join(w.dir, fmt.Sprintf("clone-%d", f.N))
 	data := filepath.Join(dir, "data")
 	if err := os.MkdirAll(data, 0o750); err != nil {
 		return "not started: " + err.Error()
 	}
-	if b, ok := w.olderBackup(w.agent, 0); ok {
+	if b, ok := w.olderBackup(a, 0); ok {
 		if err := copyFile(b.path, filepath.Join(data, "agent.db")); err != nil {
 			return "not started: " + err.Error()
 		}
@@ -285,7 +293,7 @@ func (c *campaign) runClone(f fault, real *rig.Proc) string {
 		return "not started: " + err.Error()
 	}
 	cfg := filepath.Join(dir, "agent.yaml")
-	if err := os.WriteFile(cfg, []byte(w.agentConfig(admin, data, nil)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(w.agentConfigGW(a.gw, admin, data, nil)), 0o644); err != nil {
 		return "not started: " + err.Error()
 	}
 	var log bytes.Buffer // read once the clone ended
@@ -303,7 +311,7 @@ func (c *campaign) runClone(f fault, real *rig.Proc) string {
 	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
 		msg = msg[i+1:]
 	}
-	realOK := real.Running() && rig.WaitFor(5*time.Second, w.agent.ready)
+	realOK := real.Running() && rig.WaitFor(5*time.Second, a.ready)
 	switch {
 	case !ended:
 		return fmt.Sprintf("NOT refused: the clone still ran after %.1fs (killed); the agent serving: %v", took.Seconds(), realOK)
@@ -353,6 +361,9 @@ func (c *campaign) floorWatchOf(a *agentSup, stop <-chan struct{}) {
 	defer t.Stop()
 	for {
 		for _, d := range c.o.devices {
+			if a.gw != nil && !a.gw.has(d.ID) {
+				continue // a fleet's gateway: its devices now
+			}
 			info, ok := a.device(d.ID)
 			floor := info.FenceFloor
 			now := time.Now().UnixNano()

@@ -11,6 +11,7 @@
 // device and direct checks against the firmware's journal.
 //
 //	edge-chaos [run] [-seed N] [-duration D] [-broker mosquitto|embedded] [-ha] [-controllers N] [-out DIR] [-keep]
+//	edge-chaos run -fleet N -broker nats ...   N gateways on a 3-node NATS cluster (docs/testing.md, "A fleet")
 //	edge-chaos check DIR        check a recorded history again
 //	edge-chaos mutants [-seed N] [-duration D] [-only NAME,...]   build each mutant agent (mutants/*.patch) and show the campaign catches it
 //
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/chaos"
+	"github.com/edge-agent/edge-agent/internal/rig"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -56,7 +58,8 @@ func run(args []string) int {
 func campaignFlags(fs *flag.FlagSet, o *options) func() error {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the fault schedule and the controllers' choices")
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long faults are injected (then the run settles and is checked)")
-	broker := fs.String("broker", "mosquitto", "mosquitto (with persistence, through toxiproxy) or embedded (the agent's own broker)")
+	broker := fs.String("broker", "mosquitto", "mosquitto (with persistence, through toxiproxy), embedded (the agent's own broker) or nats (a 3-node NATS cluster with JetStream and MQTT; -fleet only)")
+	fs.IntVar(&o.fleet, "fleet", 0, "run a fleet of N gateways (2..8): N agents, each with its own gateway_id and devices, on a 3-node NATS cluster (-broker nats), with broker node kills and devices moved between gateways")
 	fs.BoolVar(&o.ha, "ha", false, "run a standby pair: two agents with one gateway_id and ha.enabled, and faults of either (kills, pauses, partitions from etcd)")
 	fs.IntVar(&o.controllers, "controllers", 8, "controller processes (even slots resend eagerly, odd ones wait)")
 	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "the controllers' lock lease TTL")
@@ -73,8 +76,24 @@ func campaignFlags(fs *flag.FlagSet, o *options) func() error {
 		case "mosquitto":
 		case "embedded":
 			o.embedded = true
+		case "nats":
+			o.nats = true
 		default:
-			return fmt.Errorf("-broker %q: want mosquitto or embedded", *broker)
+			return fmt.Errorf("-broker %q: want mosquitto, embedded or nats", *broker)
+		}
+		if o.fleet != 0 && (o.fleet < 2 || o.fleet > 8) {
+			return fmt.Errorf("-fleet %d: want 2..8", o.fleet)
+		}
+		if o.fleet > 0 && (o.embedded || o.ha) {
+			return errors.New("-fleet runs on the NATS cluster (-broker nats), without -ha")
+		}
+		if o.nats != (o.fleet > 0) {
+			return errors.New("-broker nats goes with -fleet N (and -fleet N with -broker nats)")
+		}
+		if o.nats {
+			if _, err := rig.FindNATS(); err != nil {
+				return err
+			}
 		}
 		if o.ha && o.embedded {
 			return errors.New("-ha needs -broker mosquitto (the pair shares one broker; an embedded one lives in one agent)")
@@ -107,6 +126,9 @@ func campaignFlags(fs *flag.FlagSet, o *options) func() error {
 		}
 		o.self = self
 		o.devices = defaultDevices
+		if o.fleet > 0 {
+			o.devices = fleetDevices(o.fleet)
+		}
 		o.log = os.Stdout
 		return nil
 	}

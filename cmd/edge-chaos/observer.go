@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ type observer struct {
 	rec *chaos.LineWriter
 	cli paho.Client
 
+	fleet   bool // every gateway's topics: record each Result's gateway
 	mu      sync.Mutex
 	ops     map[string]*opSeen // by op_id
 	results int
@@ -35,19 +37,48 @@ type opSeen struct {
 	codes     map[wire.Code]int
 }
 
-func newObserver(rec *chaos.LineWriter, broker, prefix, gateway string) *observer {
-	o := &observer{rec: rec, ops: map[string]*opSeen{}}
+// newObserver subscribes to gateway's topics (gateway "+": every
+// gateway's, each Result recorded with the gateway of its topic), on the
+// first of brokers that answers (the nodes of a cluster: the next when
+// its node is lost).
+func newObserver(rec *chaos.LineWriter, brokers []string, prefix, gateway string) *observer {
+	o := &observer{rec: rec, ops: map[string]*opSeen{}, fleet: gateway == "+"}
 	topics := map[string]byte{
 		prefix + "/" + gateway + "/controllers/+/reply": 1,
 		prefix + "/" + gateway + "/devices/+/result":    1,
 	}
-	po := paho.NewClientOptions().AddBroker(broker).SetClientID("edge-chaos-observer").
+	po := paho.NewClientOptions()
+	for _, b := range brokers {
+		po.AddBroker(b)
+	}
+	po.SetClientID("edge-chaos-observer").
 		SetCleanSession(false).SetOrderMatters(true).SetAutoReconnect(true).SetConnectRetry(true).
 		SetConnectRetryInterval(200 * time.Millisecond).SetMaxReconnectInterval(time.Second).
 		SetDefaultPublishHandler(o.onMessage).
-		SetOnConnectHandler(func(c paho.Client) { c.SubscribeMultiple(topics, nil) })
+		SetOnConnectHandler(func(c paho.Client) { go subscribeUntilGranted(c, topics) })
 	o.cli = paho.NewClient(po)
 	return o
+}
+
+// subscribeUntilGranted subscribes to topics, again while the broker
+// refuses (a NATS node that has just lost a peer refuses SUBSCRIBE for a
+// few seconds: docs/operations.md) or the connection is up, for a minute.
+func subscribeUntilGranted(c paho.Client, topics map[string]byte) {
+	for i := 0; i < 300 && c.IsConnectionOpen(); i++ {
+		tok := c.SubscribeMultiple(topics, nil)
+		if tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
+			granted := true
+			for _, q := range tok.(*paho.SubscribeToken).Result() {
+				if q > 2 {
+					granted = false
+				}
+			}
+			if granted {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // start connects (retrying in the background until the broker is there).
@@ -65,7 +96,13 @@ func (o *observer) onMessage(_ paho.Client, m paho.Message) {
 		return
 	}
 	now := time.Now().UnixNano()
-	o.rec.Write(chaos.Event{T: now, Src: "observer", Ev: chaos.EvResult, Dev: r.Device, Op: r.OpID, Fence: r.Fence, Result: &r})
+	ev := chaos.Event{T: now, Src: "observer", Ev: chaos.EvResult, Dev: r.Device, Op: r.OpID, Fence: r.Fence, Result: &r}
+	if o.fleet {
+		if parts := strings.Split(m.Topic(), "/"); len(parts) > 1 {
+			ev.Gw = parts[1]
+		}
+	}
+	o.rec.Write(ev)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.results++

@@ -55,13 +55,19 @@ func report(out io.Writer, h *chaos.History, res *chaos.CheckResult, dir string)
 	fmt.Fprintf(out, "%-40s %8d\n", "  published (acknowledged by the broker)", res.Published)
 	fmt.Fprintf(out, "%-40s %8d\n", "results delivered", res.Results)
 	fmt.Fprintf(out, "%-40s %8d\n", "writes in the firmware journal", res.Journal)
+	if len(m.Fleet) > 0 {
+		fmt.Fprintf(out, "%-40s %8d\n", "results a controller got, the observer not", res.CtlOnly)
+	}
 	kinds, exits := faultCounts(h)
 	if m.HA {
 		fmt.Fprintf(out, "%-40s %8d\n", "takeovers (the other agent became active)", takeovers(h))
 	}
+	if len(m.Fleet) > 0 {
+		fleetReport(out, h)
+	}
 	fmt.Fprintf(out, "\nfaults                                      count\n")
 	seen := map[string]bool{}
-	for _, k := range roundKinds(m.HA) {
+	for _, k := range roundKinds(m.HA, len(m.Fleet)) {
 		if seen[k] {
 			continue
 		}
@@ -119,4 +125,35 @@ func report(out io.Writer, h *chaos.History, res *chaos.CheckResult, dir string)
 		}
 	}
 	fmt.Fprintf(out, "\nviolations: %d\n", len(res.Violations))
+}
+
+// fleetReport prints, per gateway, the commands it answered (operations
+// with a Result on its topics), its Results, and the faults that hit it
+// (moves count for both gateways).
+func fleetReport(out io.Writer, h *chaos.History) {
+	ops, results, faults := map[string]map[string]bool{}, map[string]int{}, map[string]int{}
+	for _, e := range h.Events {
+		if e.Src != "observer" || e.Ev != chaos.EvResult || e.Gw == "" {
+			continue
+		}
+		if ops[e.Gw] == nil {
+			ops[e.Gw] = map[string]bool{}
+		}
+		ops[e.Gw][e.Op] = true
+		results[e.Gw]++
+	}
+	for _, f := range h.Faults {
+		if f.Phase != "start" || f.Kind == "agent_start" || f.Kind == chaos.KindMemoryLost {
+			continue
+		}
+		for _, gw := range h.Meta.Fleet {
+			if strings.Contains(f.Target, gw) {
+				faults[gw]++
+			}
+		}
+	}
+	fmt.Fprintf(out, "\n%-12s %22s %10s %10s\n", "gateway", "commands (answered)", "results", "faults")
+	for _, gw := range h.Meta.Fleet {
+		fmt.Fprintf(out, "  %-10s %22d %10d %10d\n", gw, len(ops[gw]), results[gw], faults[gw])
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/edge-agent/edge-agent/internal/chaos"
@@ -77,7 +78,10 @@ func (f fault) String() string {
 	if f.For != 0 {
 		s += fmt.Sprintf(" for=%v", f.For.Round(time.Millisecond))
 	}
-	if f.Agent != "" {
+	switch {
+	case strings.HasPrefix(f.Agent, "gw"):
+		s += " on " + f.Agent
+	case f.Agent != "":
 		s += " on the " + f.Agent
 	}
 	return s
@@ -89,8 +93,18 @@ var agentKinds = map[string]bool{fAgentKill: true, fAgentTerm: true, fAgentCrash
 	fAgentWipe: true, fAgentRestore: true, fHAKill: true, fHAPause: true, fHAPartition: true}
 
 // roundKinds is one round's kinds: with ha, the pair's kinds instead of the
-// clone.
-func roundKinds(ha bool) []string {
+// clone; in a fleet, broker node kills, etcd member kills and device
+// moves instead of the mosquitto restart.
+func roundKinds(ha bool, fleet int) []string {
+	if fleet > 0 {
+		var out []string
+		for _, k := range faultKinds {
+			if k != fBrokerRestart {
+				out = append(out, k)
+			}
+		}
+		return append(out, fleetKinds...)
+	}
 	if !ha {
 		return faultKinds
 	}
@@ -108,14 +122,18 @@ func roundKinds(ha bool) []string {
 // command is in flight when the agent dies) depends on process
 // scheduling and is not reproducible. Without ha the list is the single
 // agent's as before ha was added (the same draws).
-func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSpec, ttl time.Duration, embedded, ha bool) []fault {
+//
+// With fleet (N gateways) each fault of an agent, and each network fault
+// between an agent and the broker or the firmware, hits one gateway
+// (fault.Agent, drawn after the fault's own settings).
+func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSpec, ttl time.Duration, embedded, ha bool, fleet int) []fault {
 	rng := rand.New(rand.NewPCG(seed, seed^0xc4a05))
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	var out []fault
 	t := ms(1500, 2500)
 	point, clones := 0, 0
 	for t < dur {
-		round := append([]string(nil), roundKinds(ha)...)
+		round := append([]string(nil), roundKinds(ha, fleet)...)
 		rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		for _, k := range round {
 			if t >= dur {
@@ -189,6 +207,12 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSp
 			case fHAPartition:
 				f.Mode = []string{"cut", "timeout"}[rng.IntN(2)]
 				f.For = ms(2000, 8000)
+			case fNATSKill:
+				f.Slot, f.For = rng.IntN(3), ms(1000, 5000)
+			case fEtcdMemberKill:
+				f.Slot, f.For = rng.IntN(3), ms(1000, 4000)
+			case fDeviceMove:
+				f.Device, f.N = movers[rng.IntN(len(movers))].spec.ID, rng.IntN(64)
 			}
 			if ha && agentKinds[k] {
 				// Mostly the active: that is where a takeover comes from.
@@ -200,6 +224,9 @@ func schedule(seed uint64, dur time.Duration, ctls int, devices []chaos.DeviceSp
 			if f.Kind == fNetFirmware && f.Mode == "" || k == fNetBroker && embedded {
 				f.Mode = []string{"latency", "cut", "reset_peer", "slow_close", "timeout"}[rng.IntN(5)]
 				f.N, f.For = 300+rng.IntN(1700), ms(1000, 5000)
+			}
+			if fleet > 0 && (agentKinds[k] || k == fAgentClone || k == fNetBroker || k == fNetFirmware) {
+				f.Agent = gatewayName(rng.IntN(fleet))
 			}
 			out = append(out, f)
 			t += ms(1200, 3200)

@@ -38,6 +38,11 @@ type world struct {
 
 	etcd []*etcdMember
 
+	nats       *rig.NATSCluster // -fleet: the broker cluster
+	natsMu     sync.Mutex       // one node down at a time
+	brokerURLs []string         // -fleet: every node, directly (controllers, the observer)
+	gws        []*gwSpec        // -fleet: the gateways
+
 	mosqMu   sync.Mutex
 	mosq     *rig.Proc
 	mosqAddr string
@@ -329,8 +334,19 @@ func (w *world) firmwareState(dev string) (json.RawMessage, error) {
 // (-ha: each agent through toxiproxy links of its own), and with -ha the
 // pair's ha block.
 func (w *world) agentConfig(admin, data string, eps []string) string {
+	return w.agentConfigGW(nil, admin, data, eps)
+}
+
+// agentConfigGW is agentConfig for gateway g of a fleet (nil: the
+// campaign's one gateway): its gateway_id, its mqtt.brokers, client ID and
+// firmware link, and the devices it fronts now.
+func (w *world) agentConfigGW(g *gwSpec, admin, data string, eps []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\n", gatewayID, data)
+	gw := gatewayID
+	if g != nil {
+		gw = g.id
+	}
+	fmt.Fprintf(&b, "gateway_id: %s\ndata_dir: %s\n", gw, data)
 	if eps == nil {
 		for _, m := range w.etcd {
 			eps = append(eps, m.client)
@@ -340,14 +356,26 @@ func (w *world) agentConfig(admin, data string, eps []string) string {
 	if w.o.ha {
 		fmt.Fprintf(&b, "ha:\n  enabled: true\n  safety_margin: %s\n", haSafetyMargin)
 	}
-	if w.o.embedded {
+	if g != nil {
+		fmt.Fprintf(&b, "mqtt:\n  brokers: [%s]\n  client_id: edge-agent-%s\n  topic_prefix: %s\n", strings.Join(g.brokers, ", "), g.id, prefix)
+	} else if w.o.embedded {
 		fmt.Fprintf(&b, "mqtt:\n  broker: embedded\n  embedded_listen: %s\n  client_id: edge-agent-chaos\n  topic_prefix: %s\n", w.mosqAddr, prefix)
 	} else {
 		fmt.Fprintf(&b, "mqtt:\n  broker: %s\n  client_id: edge-agent-chaos\n  topic_prefix: %s\n", w.agentBrokerURL, prefix)
 	}
 	fmt.Fprintf(&b, "admin:\n  listen: %s\nplugins:\n  dir: %s\nshutdown_timeout: 5s\ndevices:\n", admin, filepath.Join(w.dir, "plugins"))
 	fwURL := "http://" + w.fwProxy
-	for _, d := range w.o.devices {
+	devs := w.o.devices
+	if g != nil {
+		fwURL = g.fwURL
+		devs = nil
+		for _, d := range w.o.devices {
+			if g.has(d.ID) {
+				devs = append(devs, d)
+			}
+		}
+	}
+	for _, d := range devs {
 		fmt.Fprintf(&b, "  - id: %s\n    type: %s\n    lock: locks/device/%s\n    queue: 64\n", d.ID, d.Type, d.ID)
 		if d.Group != "" {
 			fmt.Fprintf(&b, "    group: %s\n", d.Group)
@@ -366,6 +394,15 @@ func (w *world) startController(slot, gen int) (*ctlSlot, error) {
 		"--broker", w.brokerURL, "--gateway", gatewayID, "--etcd", strings.Join(w.etcdProxies, ","),
 		"--devices", string(devs), "--seed", fmt.Sprint(w.o.seed*1000 + uint64(slot)*37 + uint64(gen)),
 		"--ttl", w.o.ttl.String(), fmt.Sprintf("--eager=%v", slot%2 == 0)}
+	if w.o.fleet > 0 {
+		// Every gateway, through the device directory; every node, its
+		// own first (the slot's).
+		var nodes []string
+		for j := range w.brokerURLs {
+			nodes = append(nodes, w.brokerURLs[(slot+j)%len(w.brokerURLs)])
+		}
+		args = append(args, "--brokers", strings.Join(nodes, ","), "--fleet")
+	}
 	p, err := rig.Start(rig.Options{Out: w.out}, w.o.self, args...)
 	if err != nil {
 		return nil, err
@@ -407,7 +444,7 @@ func (w *world) lastPaused(c *ctlSlot) (chaos.Event, bool) {
 // (GET /v1/devices/{dev}: last_fence, fence_floor, ...): the serving
 // agent's (-ha: whichever of the pair answers).
 func (w *world) device(dev string) (wire.DeviceInfo, bool) {
-	resp, err := w.adminDo(http.MethodGet, "/v1/devices/"+dev, "", time.Second)
+	resp, err := w.adminFor(dev, http.MethodGet, "/v1/devices/"+dev, "", time.Second)
 	if err != nil {
 		return wire.DeviceInfo{}, false
 	}
@@ -516,6 +553,9 @@ func (w *world) stopAll() {
 		w.mosq.Stop(syscall.SIGTERM, 5*time.Second)
 	}
 	w.mosqMu.Unlock()
+	if w.nats != nil {
+		w.nats.Stop()
+	}
 	for i := range w.etcd {
 		if p := w.etcdMemberProc(i); p != nil {
 			p.Kill()

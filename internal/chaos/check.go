@@ -58,6 +58,7 @@ type CheckResult struct {
 	Checks     []CheckLine
 	Violations []Violation
 	Porcupine  map[string]string // device -> ok / illegal / unknown (timeout)
+	CtlOnly    int               // a fleet's: Results a controller got and the observer did not (taken as seen)
 }
 
 // CheckLine is one row of the report's checks table.
@@ -76,7 +77,6 @@ type checker struct {
 	dir      string
 	porTO    time.Duration
 	counts   map[string]int
-	losses   []int64 // when the store lost its memory, in order
 	lossRecs []loss
 	floors   []floorRec
 }
@@ -134,6 +134,9 @@ func (c *checker) build() {
 			}
 		}
 	}
+	if len(c.h.Meta.Fleet) > 0 {
+		c.witnesses()
+	}
 	for _, j := range c.h.Journal {
 		o := c.op(j.OpID, j.Device)
 		o.journal = append(o.journal, j)
@@ -190,6 +193,34 @@ func sameResult(a, b wire.Result, withFence bool) bool {
 var unexpected = map[wire.Code]bool{wire.CodeInvalid: true, wire.CodeUnknownDevice: true,
 	wire.CodeOpConflict: true, wire.CodeLockMismatch: true, wire.CodeUnauthorized: true, wire.CodePolicyDenied: true}
 
+// witnesses (a fleet, on the NATS cluster): the observer is not the only
+// witness of what the agents published. NATS did not deliver every QoS 1
+// Result to the observer's wildcard subscriptions that it delivered to
+// the controller it was for (docs/testing.md, "Chaos campaign of a
+// fleet"), so a Result a
+// controller received and the observer did not is taken as the
+// observer's too, at the time the controller got it.
+func (c *checker) witnesses() {
+	for _, o := range c.ops {
+		seen := map[string]bool{}
+		for _, s := range o.results {
+			seen[resultSig(s.r)] = true
+		}
+		added := false
+		for _, s := range o.ctlResults {
+			if !seen[resultSig(s.r)] {
+				seen[resultSig(s.r)] = true
+				o.results = append(o.results, s)
+				c.res.CtlOnly++
+				added = true
+			}
+		}
+		if added {
+			sort.SliceStable(o.results, func(i, j int) bool { return o.results[i].t < o.results[j].t })
+		}
+	}
+}
+
 // recordedFinal is the operation's first recorded final Result
 // (duplicate: false), if any.
 func (o *opHist) recordedFinal() (seenResult, bool) {
@@ -199,6 +230,19 @@ func (o *opHist) recordedFinal() (seenResult, bool) {
 		}
 	}
 	return seenResult{}, false
+}
+
+// saidApplied reports whether any Result of the operation, seen by anyone,
+// said applied (a replay included).
+func (o *opHist) saidApplied() bool {
+	for _, list := range [][]seenResult{o.results, o.ctlResults} {
+		for _, s := range list {
+			if s.r.Status == wire.StatusApplied {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // finalAt is when anyone first saw a final Result of the operation
@@ -238,8 +282,16 @@ func (c *checker) checkResults() {
 				continue
 			}
 			seen[resultSig(r)] = true
-			if e := c.epoch(s.t); e != ep {
+			if e := c.epoch(o.dev, s.t); e != ep {
 				ep, final, unknown = e, nil, false // a store that forgot the op
+			}
+			if len(c.h.Meta.Fleet) > 0 && r.Code == wire.CodeUnknownDevice {
+				// A fleet's gateway the device has left answers what it
+				// still had queued of it so: not recorded, it says
+				// nothing of the operation, and it comes on that
+				// gateway's topics, in no order with the Results of the
+				// gateway that fronts the device now.
+				continue
 			}
 			if unexpected[r.Code] {
 				c.violate(name, o, s.t, "unexpected code %s (%s)", r.Code, r.Reason)
@@ -317,7 +369,7 @@ func (c *checker) checkFinalMeansFinal() {
 				continue // unexpected codes are reported by "results per operation"
 			}
 			seen[resultSig(r)] = true
-			if e := c.epoch(s.t); e != ep {
+			if e := c.epoch(o.dev, s.t); e != ep {
 				ep, first = e, nil
 			}
 			if first == nil {
@@ -385,8 +437,8 @@ func (c *checker) checkJournal() {
 		if len(o.journal) == 0 || o.lost {
 			continue
 		}
-		if _, ok := o.recordedFinal(); ok {
-			continue
+		if _, ok := o.recordedFinal(); ok || o.saidApplied() {
+			continue // a replay of the recorded outcome said applied (its original was not seen)
 		}
 		if t, r, ok := o.finalAt(false); ok {
 			c.violate(refused, o, t, "the firmware applied it (journal seq %d) but its only final Result is %s/%s", o.journal[0].Seq, r.Status, r.Code)

@@ -54,6 +54,7 @@ type Event struct {
 	Lock   string          `json:"lock,omitempty"`
 	Result *wire.Result    `json:"result,omitempty"`
 	Err    string          `json:"err,omitempty"`
+	Gw     string          `json:"gw,omitempty"` // the observer's Results: the gateway whose topic it came on (-fleet)
 }
 
 // FaultRecord is one line of faults.jsonl.
@@ -141,6 +142,7 @@ type RunMeta struct {
 	Tags     string            `json:"tags"`             // the agent's build tags
 	Mutant   string            `json:"mutant,omitempty"` // the agent is this mutant (mutants/NAME.patch)
 	HA       bool              `json:"ha,omitempty"`     // a pair of agents for the gateway, one active (docs/protocol.md §8)
+	Fleet    []string          `json:"fleet,omitempty"`  // -fleet N: the gateways' IDs (docs/protocol.md §9)
 	Devices  []DeviceSpec      `json:"devices"`
 	Start    int64             `json:"start"`
 	End      int64             `json:"end"` // when the faults stopped

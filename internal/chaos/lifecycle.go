@@ -38,17 +38,30 @@ const (
 // held unanswered (its inbox and outbox) when it was lost.
 func LostDetail(ops []string) string { return "unanswered: " + strings.Join(ops, " ") }
 
+// LostDevicesDetail is a memory_lost record's detail in a fleet (one
+// gateway's store lost, or a device moved to another gateway): the loss
+// is of those devices only; detail is LostDetail's, or "" (any operation
+// of theirs not final by then may be lost).
+func LostDevicesDetail(devs []string, detail string) string {
+	return "devices: " + strings.Join(devs, " ") + "; " + detail
+}
+
 // FloorDetail is a fence_floor record's detail: the floor the agent
 // reported, and the last time (Unix ns) it reported the value before (0:
 // never), so the floor was taken between that time and the record's.
 func FloorDetail(floor, since int64) string { return fmt.Sprintf("floor %d since %d", floor, since) }
 
 // loss is one loss of the store's memory: when, and the operations it
-// held unanswered (nil: not known, any not final by then).
+// held unanswered (nil: not known, any not final by then), and the
+// devices whose memory it was (nil: every device; a fleet's gateway
+// forgets its own devices only).
 type loss struct {
-	t   int64
-	ops map[string]bool
+	t    int64
+	ops  map[string]bool
+	devs map[string]bool
 }
+
+func (l loss) covers(dev string) bool { return l.devs == nil || l.devs[dev] }
 
 type floorRec struct {
 	dev         string
@@ -61,9 +74,17 @@ func (c *checker) lifecycle() {
 	for _, f := range c.h.Faults {
 		switch f.Kind {
 		case KindMemoryLost:
-			c.losses = append(c.losses, f.T)
 			l := loss{t: f.T}
-			if rest, ok := strings.CutPrefix(f.Detail, "unanswered:"); ok {
+			detail := f.Detail
+			if rest, ok := strings.CutPrefix(detail, "devices:"); ok {
+				devs, tail, _ := strings.Cut(rest, ";")
+				l.devs = map[string]bool{}
+				for _, d := range strings.Fields(devs) {
+					l.devs[d] = true
+				}
+				detail = strings.TrimSpace(tail)
+			}
+			if rest, ok := strings.CutPrefix(detail, "unanswered:"); ok {
 				l.ops = map[string]bool{}
 				for _, op := range strings.Fields(rest) {
 					l.ops[op] = true
@@ -78,12 +99,21 @@ func (c *checker) lifecycle() {
 			}
 		}
 	}
-	sort.Slice(c.losses, func(i, j int) bool { return c.losses[i] < c.losses[j] })
+	sort.Slice(c.lossRecs, func(i, j int) bool { return c.lossRecs[i].t < c.lossRecs[j].t })
 }
 
-// epoch is the number of losses before t.
-func (c *checker) epoch(t int64) int {
-	return sort.Search(len(c.losses), func(i int) bool { return c.losses[i] > t })
+// epoch is the number of dev's losses before t.
+func (c *checker) epoch(dev string, t int64) int {
+	n := 0
+	for _, l := range c.lossRecs {
+		if l.t > t {
+			break
+		}
+		if l.covers(dev) {
+			n++
+		}
+	}
+	return n
 }
 
 // markLost marks the operations whose memory a loss may have taken.
@@ -93,7 +123,7 @@ func (c *checker) markLost() {
 			continue
 		}
 		for _, l := range c.lossRecs {
-			if o.invoked >= l.t || l.ops != nil && !l.ops[o.id] {
+			if o.invoked >= l.t || l.ops != nil && !l.ops[o.id] || !l.covers(o.dev) {
 				continue
 			}
 			if t, _, ok := o.finalAt(true); !ok || t >= l.t {

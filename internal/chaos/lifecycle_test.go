@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -123,5 +124,76 @@ func TestCheckerClones(t *testing.T) {
 		if len(res.Violations) != tc.want {
 			t.Errorf("%q: %d violations, want %d: %v", tc.detail, len(res.Violations), tc.want, summarize(res.Violations))
 		}
+	}
+}
+
+// In a fleet a loss is of one gateway's devices (LostDevicesDetail): it
+// starts a new epoch for those only, so a device on another gateway whose
+// op gets two different finals across it is still caught.
+func TestLossOfOtherDevicesKeepsTheEpoch(t *testing.T) {
+	lossOf := func(dev string) *hist {
+		b := clean()
+		b.h.Faults = append(b.h.Faults, FaultRecord{T: b.at(50), Kind: KindMemoryLost, Phase: "start", Target: "wipe", Detail: LostDevicesDetail([]string{dev}, "")})
+		return b.res(72, "r", "a-1", 5, wire.CodeStaleFence, 5, "", false, 71)
+	}
+	has := func(vs []Violation, check string) bool {
+		for _, v := range vs {
+			if v.Check == check {
+				return true
+			}
+		}
+		return false
+	}
+	if res := Check(&lossOf("p").h, t.TempDir(), 10*time.Second); !has(res.Violations, "results per operation") {
+		t.Errorf("a loss of p only let r's a-1 have two finals: %v", summarize(res.Violations))
+	}
+	if res := Check(&lossOf("r").h, t.TempDir(), 10*time.Second); has(res.Violations, "results per operation") {
+		t.Errorf("a loss of r: a-1 answered again by a store that forgot it was flagged: %v", summarize(res.Violations))
+	}
+}
+
+// A fleet on NATS: a Result the observer missed and the controller got is
+// taken as seen; a command whose original Result nobody got (NATS
+// acknowledged a publish it could not store) and whose resend got the
+// recorded outcome as a replay (applied) is not "applied but answered
+// otherwise"; a gateway the device left answers unknown_device, in no
+// order with the new gateway's Results. A device_unreachable alone for
+// an applied write is still caught.
+func TestFleetWitnesses(t *testing.T) {
+	ctlRes := func(b *hist, ms int, dev, op string, fence int64, code wire.Code, lf int64, output string, dup bool) *hist {
+		r := wire.Result{V: 1, OpID: op, Device: dev, Fence: fence, Status: wire.StatusOf(code), Code: code, LastFence: lf, Duplicate: dup,
+			At: b.t0.Add(time.Duration(ms-1) * time.Millisecond)}
+		if output != "" {
+			r.Output = json.RawMessage(output)
+		}
+		b.h.Events = append(b.h.Events, Event{T: b.at(ms), Src: "a", Ev: EvResult, Dev: dev, Op: op, Fence: fence, Result: &r})
+		return b
+	}
+	fleet := func() *hist {
+		b := clean()
+		b.h.Meta.Fleet = []string{"gw1", "gw2"}
+		b.op(40, "a", "r", "a-10", 5, "toggle", "").applied(41, "r", "a-10", 5, "toggle", "")
+		ctlRes(b, 42, "r", "a-10", 5, wire.CodeOK, 5, `{"on":true}`, false) // the observer missed it
+		b.op(50, "a", "r", "a-11", 5, "toggle", "").applied(51, "r", "a-11", 5, "toggle", "").
+			res(70, "r", "a-11", 5, wire.CodeOK, 5, `{"on":false}`, true, 52) // only a replay
+		b.op(80, "c", "r", "c-1", 3, "set", `{"on":true}`).
+			res(90, "r", "c-1", 3, wire.CodeStaleFence, 5, "", false, 89).
+			res(95, "r", "c-1", 3, wire.CodeUnknownDevice, 0, "", false, 85) // the old gateway's, late
+		return b
+	}
+	res := Check(&fleet().h, t.TempDir(), 10*time.Second)
+	if len(res.Violations) != 0 || res.CtlOnly != 1 {
+		t.Fatalf("honest fleet history: %d taken from a controller, violations %v", res.CtlOnly, summarize(res.Violations))
+	}
+	b := fleet()
+	b.op(100, "a", "r", "a-13", 5, "toggle", "").applied(101, "r", "a-13", 5, "toggle", "")
+	ctlRes(b, 102, "r", "a-13", 5, wire.CodeDeviceUnreachable, 5, "", false)
+	res = Check(&b.h, t.TempDir(), 10*time.Second)
+	found := false
+	for _, v := range res.Violations {
+		found = found || v.Check == "nothing rejected/failed applied"
+	}
+	if !found {
+		t.Fatalf("an applied write answered device_unreachable (seen by its controller only) was not caught: %v", summarize(res.Violations))
 	}
 }
