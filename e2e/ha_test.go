@@ -293,8 +293,8 @@ func TestHAStandDownDuringStartUp(t *testing.T) {
 	f.extra += "ha:\n  enabled: true\n  safety_margin: 1s\n"
 	f.started = true // not waiting for the agent's online status: start-up is the window
 	f.startProc("EDGE_AGENT_FAILPOINTS=startup=sleep(5s)")
-	testkit.Eventually(t, 20*time.Second, "the agent registered and active (its new store's floor taken)", func() bool {
-		return strings.Contains(f.log(), "fence floor taken")
+	testkit.Eventually(t, 20*time.Second, "the agent active (its fence memory started) and in the start-up's sleep", func() bool {
+		return strings.Contains(f.log(), "failpoint: sleeping 5s at startup")
 	})
 	px.Pause()
 	testkit.Eventually(t, 10*time.Second, "the agent stood down while starting", func() bool {

@@ -211,9 +211,14 @@ func Hit(point, op string) {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // never returns
 		case "sleep":
+			// A long one (a slow start-up, not a slow commit's) says
+			// when it begins and ends, for the tests that act inside it.
+			long := a.sleep >= time.Second
+			if long {
+				fmt.Fprintf(os.Stderr, "failpoint: sleeping %s at %s\n", a.sleep, point)
+			}
 			time.Sleep(a.sleep)
-			if a.sleep >= time.Second {
-				// A long one (a slow start-up), not a slow commit's.
+			if long {
 				fmt.Fprintf(os.Stderr, "failpoint: slept %s at %s\n", a.sleep, point)
 			}
 		case "stall":
