@@ -104,10 +104,21 @@ func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Act
 }
 
 // until polls a JavaScript condition until it is true.
+//
+// When the page's execution context is replaced while it polls (Chromium
+// answers "Cannot find context with specified id"; seen once in CI right
+// after a navigation), it polls again in the new one until within.
 func until(expr string, within time.Duration) chromedp.Action[chromedp.Void] {
 	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
-		_, err := chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(within))(ctx, tg)
-		return chromedp.Void{}, err
+		deadline := time.Now().Add(within)
+		for {
+			_, err := chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(time.Until(deadline)))(ctx, tg)
+			if err != nil && strings.Contains(err.Error(), "Cannot find context with specified id") && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return chromedp.Void{}, err
+		}
 	}
 }
 
