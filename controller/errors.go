@@ -64,7 +64,9 @@ var (
 	// ErrConnect is returned by Dial when the broker cannot be reached or
 	// the reply subscription fails.
 	ErrConnect = errors.New("controller: cannot connect to the MQTT broker")
-	// ErrPublish is returned by Send when a publish did not complete.
+	// ErrPublish is returned by Send when a publish did not complete and
+	// ctx ended (wrapped with ErrOutcomeUnknown): a publish lost with the
+	// connection is sent again, with the same op_id, until ctx ends.
 	ErrPublish = errors.New("controller: publish failed")
 	// ErrOutcomeUnknown is returned by Send when ctx ended before a final
 	// Result arrived (while waiting, or while retrying after busy): the

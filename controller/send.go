@@ -274,7 +274,7 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 		return wire.Result{}, fmt.Errorf("device %s: %w", device, err)
 	}
 
-	busy := 0
+	busy, lostPublish := 0, 0
 	var last wire.Result
 	for {
 		// Ownership is checked before every publish, resends included.
@@ -289,7 +289,27 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 			if ctx.Err() != nil {
 				return last, gaveUp(device, cmd, "publish", err)
 			}
-			return last, fmt.Errorf("device %s op %s: %w", device, cmd.OpID, err)
+			if errors.Is(err, ErrClosed) {
+				return last, fmt.Errorf("device %s op %s: %w", device, cmd.OpID, err)
+			}
+			// The connection was lost with the publish (paho fails a
+			// publish in flight on a connection it is losing; a NATS
+			// node that lost a peer drops connections): the same op_id
+			// again once it may be back, as for a lost Result (a resend
+			// of what the agent took is answered from its record:
+			// invariant 2).
+			s.count(func(st *SendStats) { st.Resends++ })
+			t := time.NewTimer(Backoff(lostPublish, s.opts.BackoffBase, s.opts.BackoffMax))
+			lostPublish++
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return last, gaveUp(device, cmd, "publish", err)
+			case <-s.owner.Context().Done():
+				t.Stop()
+			case <-t.C:
+			}
+			continue
 		}
 		s.count(func(st *SendStats) { st.Published++ })
 		r, outcome, err := s.await(ctx, device, cmd, results)

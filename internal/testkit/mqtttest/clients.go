@@ -134,15 +134,24 @@ func AwaitPayload(t testing.TB, ch <-chan Received, timeout time.Duration, paylo
 // waits for its PUBACK and disconnects; failures fail the test.
 func Publish(t testing.TB, url, topic string, payload []byte, retained bool) {
 	t.Helper()
+	if err := TryPublish(url, topic, payload, retained); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TryPublish is Publish returning its error: for a broker that may drop a
+// connection (a NATS node while its cluster elects leaders).
+func TryPublish(url, topic string, payload []byte, retained bool) error {
 	o := paho.NewClientOptions().AddBroker(url).SetClientID(clientID("pub")).
 		SetCleanSession(true).SetProtocolVersion(4).SetAutoReconnect(false).
 		SetConnectTimeout(5 * time.Second)
 	c := paho.NewClient(o)
 	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-		t.Fatalf("mqtttest: publisher connect to %s: %v", url, tok.Error())
+		return fmt.Errorf("mqtttest: publisher connect to %s: %v", url, tok.Error())
 	}
 	defer c.Disconnect(250)
 	if tok := c.Publish(topic, 1, retained, payload); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-		t.Fatalf("mqtttest: publish to %s on %s: %v", topic, url, tok.Error())
+		return fmt.Errorf("mqtttest: publish to %s on %s: %v", topic, url, tok.Error())
 	}
+	return nil
 }
