@@ -299,15 +299,8 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 			// of what the agent took is answered from its record:
 			// invariant 2).
 			s.count(func(st *SendStats) { st.Resends++ })
-			t := time.NewTimer(Backoff(lostPublish, s.opts.BackoffBase, s.opts.BackoffMax))
-			lostPublish++
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !s.backoff(ctx, &lostPublish) {
 				return last, gaveUp(device, cmd, "publish", err)
-			case <-s.owner.Context().Done():
-				t.Stop()
-			case <-t.C:
 			}
 			continue
 		}
@@ -321,15 +314,8 @@ func (s *Sender) Send(ctx context.Context, device, action string, params any, op
 			return r, err
 		case awaitBusy:
 			s.count(func(st *SendStats) { st.Busy++ })
-			t := time.NewTimer(Backoff(busy, s.opts.BackoffBase, s.opts.BackoffMax))
-			busy++
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !s.backoff(ctx, &busy) {
 				return last, gaveUp(device, cmd, "busy until the deadline", ctx.Err())
-			case <-s.owner.Context().Done():
-				t.Stop()
-			case <-t.C:
 			}
 		case awaitTimeout:
 			s.count(func(st *SendStats) { st.Resends++ })
@@ -398,6 +384,22 @@ func (s *Sender) await(ctx context.Context, device string, cmd wire.Command, res
 func gaveUp(device string, cmd wire.Command, what string, cause error) error {
 	return fmt.Errorf("device %s op %s: %s: %w; it is not started after its expires_at %s: %w",
 		device, cmd.OpID, what, ErrOutcomeUnknown, cmd.ExpiresAt.Format(time.RFC3339Nano), cause)
+}
+
+// backoff waits the n-th full-jitter backoff (and counts it), or until
+// ownership ends (the resend's Check then says so); false when ctx ended
+// first.
+func (s *Sender) backoff(ctx context.Context, n *int) bool {
+	t := time.NewTimer(Backoff(*n, s.opts.BackoffBase, s.opts.BackoffMax))
+	defer t.Stop()
+	*n++
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.owner.Context().Done():
+	case <-t.C:
+	}
+	return true
 }
 
 func (s *Sender) count(f func(*SendStats)) {

@@ -77,29 +77,49 @@ func coordYAML(endpoint string) string {
 	return fmt.Sprintf("coordination:\n  etcd:\n    endpoints: [%s]\n", endpoint)
 }
 
-// runCoordination is -coordination: rounds alternating runs at n devices
-// without and with coordination, then rounds of start-ups.
-func runCoordination(dur time.Duration, n, rounds int, out string) error {
-	tmp, err := os.MkdirTemp("", "edge-bench-coord")
+// startCoordBench is what -coordination and -takeover run on: a temporary
+// directory (named after prefix), mosquitto, the binaries built into it
+// and one etcd member; stop ends them all.
+func startCoordBench(prefix string) (tmp, broker, bins, etcd string, stop func(), err error) {
+	tmp, err = os.MkdirTemp("", prefix)
 	if err != nil {
-		return err
+		return
 	}
-	defer os.RemoveAll(tmp)
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	stops = append(stops, func() { os.RemoveAll(tmp) })
 	broker, brokerPid, stopBroker, err := startMosquitto(tmp)
 	if err != nil {
-		return err
+		stop()
+		return
 	}
 	mosquittoPid = brokerPid
-	defer stopBroker()
-	bins, err := buildBinaries(tmp)
-	if err != nil {
-		return err
+	stops = append(stops, stopBroker)
+	if bins, err = buildBinaries(tmp); err != nil {
+		stop()
+		return
 	}
 	etcd, stopEtcd, err := startEtcdMember(tmp)
 	if err != nil {
+		stop()
+		return
+	}
+	stops = append(stops, stopEtcd)
+	return
+}
+
+// runCoordination is -coordination: rounds alternating runs at n devices
+// without and with coordination, then rounds of start-ups.
+func runCoordination(dur time.Duration, n, rounds int, out string) error {
+	tmp, broker, bins, etcd, stop, err := startCoordBench("edge-bench-coord")
+	if err != nil {
 		return err
 	}
-	defer stopEtcd()
+	defer stop()
 	var rate, cpu [2][]float64
 	fmt.Printf("%-8s %-12s %10s %9s %9s\n", "devices", "target", "cmds/s", "p50", "p99")
 	for r := 0; r < rounds; r++ {

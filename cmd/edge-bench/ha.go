@@ -463,26 +463,11 @@ type takeoverOpts struct {
 
 // runTakeover is -takeover.
 func runTakeover(o takeoverOpts) error {
-	tmp, err := os.MkdirTemp("", "edge-bench-ha")
+	tmp, broker, bins, etcd, stop, err := startCoordBench("edge-bench-ha")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
-	broker, brokerPid, stopBroker, err := startMosquitto(tmp)
-	if err != nil {
-		return err
-	}
-	mosquittoPid = brokerPid
-	defer stopBroker()
-	bins, err := buildBinaries(tmp)
-	if err != nil {
-		return err
-	}
-	etcd, stopEtcd, err := startEtcdMember(tmp)
-	if err != nil {
-		return err
-	}
-	defer stopEtcd()
+	defer stop()
 	loadBefore := loadAvg()
 	fmt.Printf("load average before: %s\n", loadBefore)
 

@@ -444,22 +444,17 @@ func (w *world) lastPaused(c *ctlSlot) (chaos.Event, bool) {
 // (GET /v1/devices/{dev}: last_fence, fence_floor, ...): the serving
 // agent's (-ha: whichever of the pair answers).
 func (w *world) device(dev string) (wire.DeviceInfo, bool) {
-	resp, err := w.adminFor(dev, http.MethodGet, "/v1/devices/"+dev, "", time.Second)
-	if err != nil {
-		return wire.DeviceInfo{}, false
-	}
-	defer resp.Body.Close()
-	var d wire.DeviceInfo
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&d) != nil {
-		return wire.DeviceInfo{}, false
-	}
-	return d, true
+	return deviceView(w.adminFor(dev, http.MethodGet, "/v1/devices/"+dev, "", time.Second))
 }
 
 // device is the device's view asked of this agent only.
 func (a *agentSup) device(dev string) (wire.DeviceInfo, bool) {
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(a.admin + "/v1/devices/" + dev)
+	return deviceView(c.Get(a.admin + "/v1/devices/" + dev))
+}
+
+// deviceView decodes a GET /v1/devices/{dev} answer; false unless 200.
+func deviceView(resp *http.Response, err error) (wire.DeviceInfo, bool) {
 	if err != nil {
 		return wire.DeviceInfo{}, false
 	}

@@ -788,25 +788,9 @@ func (m *Memory) floor(ctx context.Context, doubts map[string]string) error {
 // retry keeps trying to check in while etcd is away.
 func (m *Memory) retry() {
 	defer m.wg.Done()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-time.After(m.o.Retry):
-		}
-		err := m.checkIn(m.ctx)
-		switch {
-		case err == nil:
-			id := m.identity()
-			m.log.Info("coordination: etcd reached; fence memory confirmed", "store_id", id.StoreID, "epoch", id.Epoch)
-			return
-		case errors.Is(err, ErrClone), errors.Is(err, ErrClaimed):
-			m.fail(err)
-			return
-		case m.ctx.Err() != nil:
-			return
-		}
-		m.unreachable(err)
+	if m.checkInAgain(true) {
+		id := m.identity()
+		m.log.Info("coordination: etcd reached; fence memory confirmed", "store_id", id.StoreID, "epoch", id.Epoch)
 	}
 }
 

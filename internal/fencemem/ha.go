@@ -155,39 +155,14 @@ func (m *Memory) prove(sess *concurrency.Session) {
 // register again: then it is active again, the floor for every device
 // (reason takeover) taken first.
 func (m *Memory) standDown(cause error) {
-	m.mu.Lock()
-	m.active = false
-	sess := m.sess
-	m.sess = nil
-	m.mu.Unlock()
 	m.log.Error("ha: the etcd session cannot be proven alive within session_ttl - safety_margin; no write is sent to any device, this agent stands down as standby",
 		"session_ttl", m.o.Etcd.SessionTTL.D(), "safety_margin", m.o.SafetyMargin, "err", cause)
 	m.setState("unreachable", "stood down: the session could not be proven alive")
-	if sess != nil {
-		sess.Orphan()
-		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
-		m.cli.Revoke(ctx, sess.Lease())
-		cancel()
-	}
+	m.dropSession()
 	m.tell(false)
-	for m.ctx.Err() == nil {
-		err := m.checkIn(m.ctx)
-		switch {
-		case err == nil:
-			m.log.Info("ha: active again; the floor for every device is taken", "gateway", m.o.Gateway)
-			m.tell(true)
-			return
-		case errors.Is(err, ErrClaimed):
-			m.fail(err)
-			return
-		case m.ctx.Err() != nil:
-			return
-		}
-		m.unreachable(err)
-		select {
-		case <-m.ctx.Done():
-		case <-time.After(m.o.Retry):
-		}
+	if m.checkInAgain(false) {
+		m.log.Info("ha: active again; the floor for every device is taken", "gateway", m.o.Gateway)
+		m.tell(true)
 	}
 }
 
@@ -203,41 +178,62 @@ func (m *Memory) standDown(cause error) {
 // the epoch etcd holds). The session is revoked first where etcd can
 // still be reached, so the new check-in need not wait for it.
 func (m *Memory) lapse(cause error) {
-	m.mu.Lock()
-	m.active = false
-	sess := m.sess
-	m.sess = nil
-	m.mu.Unlock()
 	for _, c := range m.confirmed {
 		c.Store(false)
 	}
 	m.log.Error("coordination: the etcd session cannot be proven alive within session_ttl - safety_margin; every device is fence_unconfirmed and nothing is sent to a device until the gateway checks in again",
 		"session_ttl", m.o.Etcd.SessionTTL.D(), "safety_margin", m.o.SafetyMargin, "err", cause)
 	m.setState("unreachable", "the etcd session could not be proven alive; checking in again")
+	m.dropSession()
+	if m.checkInAgain(false) {
+		id := m.identity()
+		m.log.Info("coordination: checked in again; fence memory confirmed", "store_id", id.StoreID, "epoch", id.Epoch)
+	}
+}
+
+// dropSession ends this agent's activity under its session: not active
+// (Proven is false), the session forgotten, and its lease revoked where
+// etcd can still be reached (its keys go at once, so a check-in need not
+// wait for them).
+func (m *Memory) dropSession() {
+	m.mu.Lock()
+	m.active = false
+	sess := m.sess
+	m.sess = nil
+	m.mu.Unlock()
 	if sess != nil {
 		sess.Orphan()
 		ctx, cancel := context.WithTimeout(m.ctx, m.o.Etcd.DialTimeout.D())
 		m.cli.Revoke(ctx, sess.Lease())
 		cancel()
 	}
-	for m.ctx.Err() == nil {
+}
+
+// checkInAgain repeats the check-in every Retry (the first try at once, or
+// after one pause when wait) until it succeeds (true), another live agent
+// holds the gateway or a device (the memory fails: the process exits 1),
+// or the Memory closes.
+func (m *Memory) checkInAgain(wait bool) bool {
+	for {
+		if wait {
+			select {
+			case <-m.ctx.Done():
+				return false
+			case <-time.After(m.o.Retry):
+			}
+		}
+		wait = true
 		err := m.checkIn(m.ctx)
 		switch {
 		case err == nil:
-			id := m.identity()
-			m.log.Info("coordination: checked in again; fence memory confirmed", "store_id", id.StoreID, "epoch", id.Epoch)
-			return
+			return true
 		case errors.Is(err, ErrClone), errors.Is(err, ErrClaimed):
 			m.fail(err)
-			return
+			return false
 		case m.ctx.Err() != nil:
-			return
+			return false
 		}
 		m.unreachable(err)
-		select {
-		case <-m.ctx.Done():
-		case <-time.After(m.o.Retry):
-		}
 	}
 }
 
