@@ -390,9 +390,11 @@ func (c *campaign) operator() {
 		case <-tick.C:
 		}
 		now := time.Now().UnixNano()
-		agentHeld := c.w.heldUnknown()
+		var agentHeld map[string]bool
 		if c.o.fleet > 0 {
 			agentHeld = c.w.heldUnknownFleet()
+		} else {
+			agentHeld = c.w.heldUnknown()
 		}
 		for k := range listed {
 			if !agentHeld[k] {
