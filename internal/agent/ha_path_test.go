@@ -21,9 +21,19 @@ func TestNoWriteWhileTheSessionIsNotProven(t *testing.T) {
 
 	r.proven = &atomic.Bool{} // not proven from now on
 	r.send("pump-1", set("held", 6, 200))
-	waitFor(t, "held to reach the worker", func() bool {
-		d, err := r.a.Device("pump-1")
-		return err == nil && d.Pending == 1
+	// Queued (its admission committed, so before the floor below) and
+	// in the worker. Pending alone is not enough: it can still be 1 from
+	// "before", whose Result is published before its worker lets go, and
+	// a floor taken before held's admission makes held stale_fence.
+	waitFor(t, "held to be queued and reach the worker", func() bool {
+		var queued bool
+		err := r.st.View(func(tx *store.Tx) error {
+			o, ok, err := tx.Op("pump-1", "held")
+			queued = ok && o.Status != store.OpFinal
+			return err
+		})
+		d, derr := r.a.Device("pump-1")
+		return err == nil && derr == nil && queued && d.Pending == 1 && d.QueueDepth == 1
 	})
 	if n := r.drv.applies("held"); n != 0 {
 		t.Fatalf("held was written %d times while the session was not proven", n)
