@@ -417,3 +417,53 @@ func TestSendGivingUpOnBusyIsOutcomeUnknown(t *testing.T) {
 		t.Fatalf("the error %q does not say until when the outcome is unknown", err)
 	}
 }
+
+// A PUBLISH lost with the connection (held by a proxy, then the
+// connection dropped before the broker saw it) is completed once paho has
+// reconnected: Send returns the Result, and the command went out under
+// one op_id. (A publish whose token fails is sent again by Send itself:
+// controller.TestSendResendsAfterAFailedPublish.)
+func TestSendPublishLostWithTheConnection(t *testing.T) {
+	broker := mqtttest.StartMosquitto(t).URL()
+	rs := startResponder(t, broker, "gw-pl", func(c wire.Command, _ int) []delayed {
+		return []delayed{{0, result(c, wire.CodeOK, 7)}}
+	})
+	px := testkit.NewProxy(t, broker)
+	conn := dial(t, px.URL(), "gw-pl")
+	s := controller.NewSender(conn, &controller.FixedFence{Fence: 7}, &controller.SendOptions{
+		ResultTimeout: 5 * time.Second, BackoffBase: 20 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	px.Pause()
+	held := px.Held()
+	type sent struct {
+		r   wire.Result
+		err error
+	}
+	done := make(chan sent, 1)
+	go func() {
+		r, err := s.Send(ctx, "pump-7", "set", map[string]any{"rpm": 900})
+		done <- sent{r, err}
+	}()
+	testkit.Eventually(t, 5*time.Second, "the proxy to hold the PUBLISH", func() bool { return px.Held() > held })
+	px.Cut()
+	// The reconnect is held too: the connection is seen down.
+	testkit.Eventually(t, 5*time.Second, "the controller to see its connection lost", func() bool { return !conn.Connected() })
+	if n := len(rs.seen()); n != 0 {
+		t.Fatalf("the responder saw %d commands through a paused proxy", n)
+	}
+	px.Resume()
+	out := <-done
+	if out.err != nil || out.r.Code != wire.CodeOK {
+		t.Fatalf("send: %+v, %v; want ok", out.r, out.err)
+	}
+	seen := rs.seen()
+	if len(seen) == 0 {
+		t.Fatal("the responder saw no command")
+	}
+	for _, c := range seen {
+		if c.cmd.OpID != out.r.OpID {
+			t.Fatalf("the responder saw op_id %s, want only %s", c.cmd.OpID, out.r.OpID)
+		}
+	}
+}
