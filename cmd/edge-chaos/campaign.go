@@ -76,6 +76,7 @@ type campaign struct {
 
 	invoked   atomic.Int64
 	resolved  atomic.Int64
+	refusals  map[string]string // dev/op -> the last refusal of its resolve recorded (the operator's goroutine only)
 	takeovers atomic.Int64
 	lostAt    atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
 	stopOp    chan struct{}
@@ -454,6 +455,7 @@ func (c *campaign) resolve(dev, op string) {
 	}
 	resp, err := c.w.adminFor(dev, http.MethodPost, "/v1/devices/"+dev+"/ops/"+op+"/resolve", body, 3*time.Second)
 	if err != nil {
+		c.refused(dev, op, err.Error())
 		return
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
@@ -461,8 +463,23 @@ func (c *campaign) resolve(dev, op string) {
 	if resp.StatusCode == http.StatusOK {
 		c.resolved.Add(1)
 		c.w.record("operator_resolve", "start", dev+"/"+op, fmt.Sprintf("applied=%v (from the journal)", applied))
-	} else if resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusNotFound {
-		c.w.record("operator_resolve", "error", dev+"/"+op, fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(msg)))
+	} else {
+		c.refused(dev, op, fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(msg)))
+	}
+}
+
+// refused records why a resolve did not end dev/op (409 too early or not
+// unknown, 404 no record, 503 starting, the agent not answering), once per
+// distinct answer, so that a write left held at the end says in the
+// history why the operator did not end it. The operator's goroutine only.
+func (c *campaign) refused(dev, op, why string) {
+	why = "not resolved at " + c.w.gatewayNameOf(dev) + ": " + why
+	if c.refusals == nil {
+		c.refusals = map[string]string{}
+	}
+	if c.refusals[dev+"/"+op] != why {
+		c.refusals[dev+"/"+op] = why
+		c.w.record("operator_resolve", "error", dev+"/"+op, why)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"strconv"
 	"testing"
 	"time"
@@ -158,7 +159,15 @@ func TestCampaignFleetShortRun(t *testing.T) {
 		"-agent", agent, "-firmware", fw, "-out", dir, "-porcupine-timeout", "30s")
 	if code != 0 || !regexp.MustCompile(`(?m)^violations: 0$`).MatchString(out) {
 		v, _ := os.ReadFile(filepath.Join(dir, "violations.txt"))
-		t.Fatalf("edge-chaos -fleet 3 exit %d:\n%s\n%s", code, testkit.Tail(out, 8000), testkit.Tail(string(v), 8000))
+		// Why the operator left writes held, if it did.
+		var refusals []string
+		faults, _ := os.ReadFile(filepath.Join(dir, "faults.jsonl"))
+		for _, l := range strings.Split(string(faults), "\n") {
+			if strings.Contains(l, `"operator_resolve","phase":"error"`) {
+				refusals = append(refusals, l)
+			}
+		}
+		t.Fatalf("edge-chaos -fleet 3 exit %d:\n%s\n%s\noperator's refusals:\n%s", code, testkit.Tail(out, 8000), testkit.Tail(string(v), 8000), testkit.Tail(strings.Join(refusals, "\n"), 4000))
 	}
 	for _, k := range []string{fNATSKill, fEtcdMemberKill, fDeviceMove, fAgentWipe, fAgentRestore, fAgentKill} {
 		if count(t, out, k) == 0 {

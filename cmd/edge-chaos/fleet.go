@@ -213,6 +213,18 @@ func (w *world) gatewayOf(dev string) *agentSup {
 	return nil
 }
 
+// gatewayNameOf names the gateway that fronts dev now ("agent" outside
+// a fleet, "none" while it moves).
+func (w *world) gatewayNameOf(dev string) string {
+	if w.o.fleet == 0 {
+		return "agent"
+	}
+	if a := w.gatewayOf(dev); a != nil {
+		return a.name
+	}
+	return "none"
+}
+
 // agentNamed is the fleet's agent of gateway name (the first when none).
 func (w *world) agentNamed(name string) *agentSup {
 	for _, a := range w.agents {
