@@ -115,10 +115,11 @@ func (o *observer) onMessage(_ paho.Client, m paho.Message) {
 	switch {
 	case r.Final():
 		s.final, s.heldNow = true, false
-	case !r.Duplicate:
+	case r.Code == wire.CodeOutcomeUnknown && !r.Duplicate:
 		// An unknown that is not a replay: the write is held now (even
 		// after a final, which an honest agent never does, but a broken
-		// one must not be left holding its device for it).
+		// one must not be left holding its device for it). busy and
+		// fence_unconfirmed are not final either, but hold nothing.
 		s.heldNow = true
 		if s.unknownAt == 0 {
 			s.unknownAt = now
