@@ -76,7 +76,7 @@ type campaign struct {
 
 	invoked   atomic.Int64
 	resolved  atomic.Int64
-	refusals  map[string]string // dev/op -> the last refusal of its resolve recorded (the operator's goroutine only)
+	refusals  map[string]string // dev/op -> the kind of the last refusal of its resolve recorded (the operator's goroutine only)
 	takeovers atomic.Int64
 	lostAt    atomic.Int64 // when the agent's store last lost its memory (wipe, restore)
 	stopOp    chan struct{}
@@ -470,15 +470,21 @@ func (c *campaign) resolve(dev, op string) {
 
 // refused records why a resolve did not end dev/op (409 too early or not
 // unknown, 404 no record, 503 starting, the agent not answering), once per
-// distinct answer, so that a write left held at the end says in the
-// history why the operator did not end it. The operator's goroutine only.
+// kind of answer (the gateway asked and the answer's first words: a too
+// early answer counts down), so that a write left held at the end says in
+// the history why the operator did not end it. The operator's goroutine
+// only.
 func (c *campaign) refused(dev, op, why string) {
 	why = "not resolved at " + c.w.gatewayNameOf(dev) + ": " + why
+	kind := why
+	if len(kind) > 80 {
+		kind = kind[:80]
+	}
 	if c.refusals == nil {
 		c.refusals = map[string]string{}
 	}
-	if c.refusals[dev+"/"+op] != why {
-		c.refusals[dev+"/"+op] = why
+	if c.refusals[dev+"/"+op] != kind {
+		c.refusals[dev+"/"+op] = kind
 		c.w.record("operator_resolve", "error", dev+"/"+op, why)
 	}
 }
