@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -449,6 +450,7 @@ func TestKeyRotationBySIGHUP(t *testing.T) {
 	d.timeout = "5s"
 	e := newEnv(t, d)
 	e.extra = securityYAML("", map[*ctlKey][]string{&oldKey: {"*"}})
+	e.adminAt = testkit.FreeAddr(t) // the process's admin API, to see what it admitted
 	e.startProc()
 	setFaults(t, e.sim, sim.Faults{Device: "pump-7", LatencyMS: 300})
 
@@ -457,6 +459,22 @@ func TestKeyRotationBySIGHUP(t *testing.T) {
 		e.send("pump-7", signCmd(t, oldKey, "ctl-a", "pump-7", cmd(fmt.Sprintf("old-%d", i), 8, "set", fmt.Sprintf(`{"rpm":%d}`, i))))
 	}
 	testkit.Eventually(t, 10*time.Second, "the first write under way", func() bool { return e.sim.Injected().Delayed > 0 })
+	// Every one of them admitted (verified with the old key, recorded)
+	// before the rotation: one still on its way to the agent would be
+	// verified with the new key, rightly refused (failed once in CI).
+	testkit.Eventually(t, 10*time.Second, "the old key's commands admitted", func() bool {
+		for i := range inFlight {
+			resp, err := http.Get(fmt.Sprintf("http://%s/v1/devices/pump-7/ops/old-%d", e.adminAt, i))
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
 
 	// Rotate: the same file now holds the new key.
 	newKey := newCtlKey(t, "ctl-a")
