@@ -371,7 +371,14 @@ func (e *env) journalOps() []string {
 
 func (e *env) admin(path string) (int, []byte) {
 	e.t.Helper()
-	resp, err := http.Get("http://" + e.app.AdminAddr() + path)
+	addr := e.adminAt // an agent process (startProc) with a fixed admin address
+	if e.app != nil {
+		addr = e.app.AdminAddr()
+	}
+	if addr == "" {
+		e.t.Fatal("e2e: admin: no agent in process, and no adminAt for the agent process")
+	}
+	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edge-agent/edge-agent/internal/chaos"
 	"github.com/edge-agent/edge-agent/internal/rig"
 	"github.com/edge-agent/edge-agent/internal/testkit"
 )
@@ -161,10 +162,10 @@ func TestCampaignFleetShortRun(t *testing.T) {
 		v, _ := os.ReadFile(filepath.Join(dir, "violations.txt"))
 		// Why the operator left writes held, if it did.
 		var refusals []string
-		faults, _ := os.ReadFile(filepath.Join(dir, "faults.jsonl"))
-		for _, l := range strings.Split(string(faults), "\n") {
-			if strings.Contains(l, `"operator_resolve","phase":"error"`) {
-				refusals = append(refusals, l)
+		faults, _ := chaos.ReadLines[chaos.FaultRecord](filepath.Join(dir, "faults.jsonl"))
+		for _, f := range faults {
+			if f.Kind == "operator_resolve" && f.Phase == "error" {
+				refusals = append(refusals, f.Target+": "+f.Detail)
 			}
 		}
 		t.Fatalf("edge-chaos -fleet 3 exit %d:\n%s\n%s\noperator's refusals:\n%s", code, testkit.Tail(out, 8000), testkit.Tail(string(v), 8000), testkit.Tail(strings.Join(refusals, "\n"), 4000))
